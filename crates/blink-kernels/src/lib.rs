@@ -1,0 +1,10 @@
+//! Compute kernels: quantized block formats with scalar reference implementations (the test
+//! oracle), the persistent SPMD thread pool and thread pinning. Knows nothing of models.
+//!
+//! Layout: [`quant`] holds the ggml block formats and their scalar reference kernels
+//! (dequantize, quantize, dot product); [`pool`] runs one closure on every compute thread
+//! with cheap barriers; [`affinity`] pins threads where the OS allows.
+
+pub mod affinity;
+pub mod pool;
+pub mod quant;

@@ -1,0 +1,401 @@
+//! A persistent pool of compute threads that run one closure together, SPMD style.
+//!
+//! `ThreadPool::run` hands the same closure to every thread (the caller is thread 0) and
+//! returns when all have finished. Inside, threads split work by their index and meet at
+//! `Worker::barrier`. Waiting spins briefly, then parks, so an idle pool costs nothing and
+//! a busy one hands off in well under a microsecond. Nothing is allocated per call.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// Spins before a waiting thread parks.
+const SPIN_LIMIT: u32 = 1 << 14;
+
+/// The view of the pool a running closure gets.
+pub struct Worker<'a> {
+    /// This thread's index, `0..n_threads`.
+    pub tid: usize,
+    /// Threads taking part.
+    pub n_threads: usize,
+    barrier: &'a Barrier,
+}
+
+impl Worker<'_> {
+    /// Wait until every thread of this run has reached the same barrier.
+    #[inline]
+    pub fn barrier(&self) {
+        self.barrier.wait(self.n_threads);
+    }
+
+    /// This thread's share of `0..n`, in contiguous chunks whose boundaries fall on
+    /// multiples of `align` (the last chunk takes the remainder).
+    #[inline]
+    pub fn share(&self, n: usize, align: usize) -> std::ops::Range<usize> {
+        split_range(n, align, self.tid, self.n_threads)
+    }
+}
+
+/// Part `part` of `parts` of `0..n`, with inner boundaries on multiples of `align`.
+pub fn split_range(n: usize, align: usize, part: usize, parts: usize) -> std::ops::Range<usize> {
+    let align = align.max(1);
+    let units = n.div_ceil(align);
+    let start = (units * part / parts * align).min(n);
+    let end = (units * (part + 1) / parts * align).min(n);
+    start..end
+}
+
+/// A sense-reversing spin-then-park barrier.
+struct Barrier {
+    arrived: AtomicUsize,
+    generation: AtomicUsize,
+    lock: Mutex<()>,
+    cond: Condvar,
+    sleepers: AtomicUsize,
+}
+
+impl Barrier {
+    fn new() -> Self {
+        Barrier {
+            arrived: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+        }
+    }
+
+    fn wait(&self, n: usize) {
+        if n <= 1 {
+            return;
+        }
+        let gen = self.generation.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == n {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            if self.sleepers.load(Ordering::Acquire) > 0 {
+                let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+                self.cond.notify_all();
+            }
+            return;
+        }
+        wait_for_change(&self.generation, gen, &self.lock, &self.cond, &self.sleepers);
+    }
+}
+
+/// Spin, then park on `cond`, until `value` differs from `seen`.
+fn wait_for_change(
+    value: &AtomicUsize,
+    seen: usize,
+    lock: &Mutex<()>,
+    cond: &Condvar,
+    sleepers: &AtomicUsize,
+) {
+    for _ in 0..SPIN_LIMIT {
+        if value.load(Ordering::Acquire) != seen {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+    let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+    sleepers.fetch_add(1, Ordering::AcqRel);
+    while value.load(Ordering::Acquire) == seen {
+        guard = cond.wait(guard).unwrap_or_else(|e| e.into_inner());
+    }
+    sleepers.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// The closure of the current run, type-erased. Valid only while `run` is on the stack.
+type Job = *const (dyn Fn(&Worker) + Sync);
+
+struct Shared {
+    n_threads: usize,
+    /// Bumped once per run; workers start when they see it change.
+    epoch: AtomicUsize,
+    /// Workers still running the current job.
+    busy: AtomicUsize,
+    job: UnsafeCell<Option<Job>>,
+    shutdown: AtomicBool,
+    barrier: Barrier,
+    lock: Mutex<()>,
+    cond: Condvar,
+    sleepers: AtomicUsize,
+    /// Set when a worker's closure panicked; `run` re-raises it on the caller.
+    panicked: AtomicBool,
+}
+
+// SAFETY: `job` is written only by the thread inside `run` before the epoch is published
+// (Release) and read by workers after they observe it (Acquire); `run` does not return
+// until every worker has finished with it.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// A fixed set of threads that execute closures together.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    handles: Vec<JoinHandle<()>>,
+    /// Serializes concurrent `run` calls from different threads.
+    run_lock: Mutex<()>,
+}
+
+impl ThreadPool {
+    /// A pool of `n_threads` threads in all (the caller counts as one). `pin` gives, for each
+    /// thread index, the CPUs it may run on (`None`: not pinned).
+    pub fn new(n_threads: usize) -> ThreadPool {
+        Self::with_affinity(n_threads, |_| None)
+    }
+
+    /// Like `new`, pinning thread `i` to the CPU set `cpus(i)` where the OS allows.
+    pub fn with_affinity(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>) -> ThreadPool {
+        let n_threads = n_threads.max(1);
+        let shared = Arc::new(Shared {
+            n_threads,
+            epoch: AtomicUsize::new(0),
+            busy: AtomicUsize::new(0),
+            job: UnsafeCell::new(None),
+            shutdown: AtomicBool::new(false),
+            barrier: Barrier::new(),
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+        });
+        let handles = (1..n_threads)
+            .map(|tid| {
+                let shared = Arc::clone(&shared);
+                let cpus = cpus(tid);
+                std::thread::Builder::new()
+                    .name(format!("blink-compute-{tid}"))
+                    .spawn(move || {
+                        if let Some(cpus) = cpus {
+                            crate::affinity::pin_current_thread(&cpus);
+                        }
+                        worker_loop(&shared, tid)
+                    })
+                    .expect("failed to spawn a compute thread")
+            })
+            .collect();
+        if let Some(cpus) = cpus(0) {
+            // The caller is thread 0 and stays pinned only for the pool's lifetime if it is
+            // a dedicated thread; pinning the caller is the owner's decision.
+            let _ = cpus;
+        }
+        ThreadPool { shared, handles, run_lock: Mutex::new(()) }
+    }
+
+    /// Threads in the pool, the caller included.
+    pub fn n_threads(&self) -> usize {
+        self.shared.n_threads
+    }
+
+    /// Run `f` on every thread of the pool (the caller is thread 0) and wait for all.
+    ///
+    /// If any thread's closure panics, the panic is re-raised here after all threads finish.
+    pub fn run<F: Fn(&Worker) + Sync>(&self, f: F) {
+        let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let shared = &*self.shared;
+        if shared.n_threads == 1 {
+            f(&Worker { tid: 0, n_threads: 1, barrier: &shared.barrier });
+            return;
+        }
+        let job: &(dyn Fn(&Worker) + Sync) = &f;
+        // SAFETY: the pointer's lifetime is erased; it is only dereferenced by workers
+        // between the epoch bump below and `busy` reaching zero, all within this call.
+        let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(&Worker) + Sync), Job>(job) };
+        unsafe { *shared.job.get() = Some(job) };
+        shared.busy.store(shared.n_threads - 1, Ordering::Release);
+        shared.epoch.fetch_add(1, Ordering::AcqRel);
+        if shared.sleepers.load(Ordering::Acquire) > 0 {
+            let _guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            shared.cond.notify_all();
+        }
+
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            f(&Worker { tid: 0, n_threads: shared.n_threads, barrier: &shared.barrier })
+        }));
+
+        let mut spins = 0u32;
+        while shared.busy.load(Ordering::Acquire) != 0 {
+            if spins < SPIN_LIMIT {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        unsafe { *shared.job.get() = None };
+        if let Err(payload) = result {
+            std::panic::resume_unwind(payload);
+        }
+        if shared.panicked.swap(false, Ordering::AcqRel) {
+            panic!("a compute thread panicked");
+        }
+    }
+}
+
+fn worker_loop(shared: &Shared, tid: usize) {
+    let mut seen = 0usize;
+    loop {
+        wait_for_change(&shared.epoch, seen, &shared.lock, &shared.cond, &shared.sleepers);
+        seen = shared.epoch.load(Ordering::Acquire);
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: published before the epoch bump we just observed; valid until we
+        // decrement `busy`.
+        if let Some(job) = unsafe { *shared.job.get() } {
+            let worker = Worker { tid, n_threads: shared.n_threads, barrier: &shared.barrier };
+            let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job)(&worker) }));
+            if ok.is_err() {
+                shared.panicked.store(true, Ordering::Release);
+            }
+        }
+        shared.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
+        {
+            let _guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.cond.notify_all();
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A slice that several pool threads write at disjoint ranges.
+///
+/// The pool's SPMD style needs shared output buffers; this wrapper keeps the unsafety in
+/// one place. Callers promise that concurrent `slice_mut` ranges never overlap and that
+/// reads of a range happen only after a barrier that follows its writes.
+pub struct SharedMut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _life: std::marker::PhantomData<&'a mut [T]>,
+}
+
+unsafe impl<T: Send> Send for SharedMut<'_, T> {}
+unsafe impl<T: Send> Sync for SharedMut<'_, T> {}
+
+impl<'a, T> SharedMut<'a, T> {
+    pub fn new(slice: &'a mut [T]) -> Self {
+        SharedMut { ptr: slice.as_mut_ptr(), len: slice.len(), _life: std::marker::PhantomData }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Mutable access to `range`.
+    ///
+    /// # Safety
+    /// No other thread may access any element of `range` until the next barrier.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, range: std::ops::Range<usize>) -> &mut [T] {
+        assert!(range.start <= range.end && range.end <= self.len, "SharedMut range out of bounds");
+        std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
+    }
+
+    /// Mutable access to element `i`.
+    ///
+    /// # Safety
+    /// No other thread may access element `i` until the next barrier.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn at(&self, i: usize) -> &mut T {
+        assert!(i < self.len, "SharedMut index out of bounds");
+        &mut *self.ptr.add(i)
+    }
+
+    /// Shared access to `range`.
+    ///
+    /// # Safety
+    /// No thread may write any element of `range` until the next barrier.
+    #[inline]
+    pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &[T] {
+        assert!(range.start <= range.end && range.end <= self.len, "SharedMut range out of bounds");
+        std::slice::from_raw_parts(self.ptr.add(range.start), range.end - range.start)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn every_thread_runs_once_per_call() {
+        let pool = ThreadPool::new(4);
+        let hits: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+        for _ in 0..1000 {
+            pool.run(|w| {
+                hits[w.tid].fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        for h in &hits {
+            assert_eq!(h.load(Ordering::Relaxed), 1000);
+        }
+    }
+
+    #[test]
+    fn barrier_orders_phases() {
+        let pool = ThreadPool::new(3);
+        let mut data = vec![0usize; 300];
+        let shared = SharedMut::new(&mut data);
+        pool.run(|w| {
+            let r = w.share(300, 1);
+            unsafe { shared.slice_mut(r.clone()).iter_mut().for_each(|x| *x = 1) };
+            w.barrier();
+            // After the barrier every element written by every thread is visible.
+            let sum: usize = unsafe { shared.slice(0..300).iter().sum() };
+            assert_eq!(sum, 300);
+            w.barrier();
+        });
+    }
+
+    #[test]
+    fn split_covers_range_on_aligned_boundaries() {
+        for n in [0, 1, 7, 64, 100, 1000] {
+            for parts in 1..6 {
+                let mut next = 0;
+                for p in 0..parts {
+                    let r = split_range(n, 16, p, parts);
+                    assert_eq!(r.start, next);
+                    assert!(r.start % 16 == 0 || r.start == n);
+                    next = r.end;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+
+    #[test]
+    fn worker_panic_is_reported_to_caller() {
+        let pool = ThreadPool::new(2);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(|w| {
+                if w.tid == 1 {
+                    panic!("boom");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        // The pool still works afterwards.
+        let hits = AtomicU64::new(0);
+        pool.run(|_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 2);
+    }
+}

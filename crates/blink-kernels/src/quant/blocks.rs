@@ -1,0 +1,321 @@
+//! The ggml quantized block layouts, byte for byte as they appear in GGUF files.
+//!
+//! Every block is `#[repr(C)]`, has no padding and accepts any bit pattern, so it can be
+//! copied out of (and into) an arbitrary, possibly unaligned, little-endian byte slice.
+//! Half-precision fields are [`half::f16`]; `Q8_K` keeps its scale as a plain `f32`.
+
+use std::mem::size_of;
+
+use blink_gguf::{GgmlType, QK_K};
+use half::f16;
+
+#[cfg(not(target_endian = "little"))]
+compile_error!(
+    "blink-kernels reads GGUF blocks in native byte order and needs a little-endian target"
+);
+
+/// Elements per block of the 32-element ("legacy") formats.
+pub const QK32: usize = 32;
+
+/// Bytes of packed 6-bit scales and mins in `Q4_K`/`Q5_K` (and of 6-bit scales in `Q3_K`).
+pub const K_SCALE_SIZE: usize = 12;
+
+/// A quantized block with a fixed byte layout.
+///
+/// # Safety
+///
+/// Implementors must be `#[repr(C)]`, contain no padding bytes, and be valid for every bit
+/// pattern (only integer, `f16` and `f32` fields, or arrays of them).
+pub unsafe trait Block: Copy + 'static {
+    /// The ggml type this block encodes.
+    const TYPE: GgmlType;
+    /// Elements per block.
+    const ELEMS: usize;
+    /// Bytes per block.
+    const BYTES: usize = size_of::<Self>();
+
+    /// A block of zero bytes.
+    fn zeroed() -> Self {
+        // SAFETY: every bit pattern, including all zeros, is a valid `Self` (trait contract).
+        unsafe { std::mem::zeroed() }
+    }
+
+    /// Copy a block out of the first `BYTES` bytes of `bytes` (any alignment).
+    ///
+    /// Panics if `bytes` is shorter than one block.
+    #[inline]
+    fn read(bytes: &[u8]) -> Self {
+        let bytes = &bytes[..Self::BYTES];
+        // SAFETY: `bytes` holds exactly `size_of::<Self>()` readable bytes, the read is
+        // unaligned, and every bit pattern is a valid `Self` (trait contract).
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Self>()) }
+    }
+
+    /// The block's bytes, in file layout.
+    #[inline]
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `Self` has no padding (trait contract), so all `size_of::<Self>()` bytes
+        // behind `self` are initialised, and `u8` has no alignment requirement.
+        unsafe { std::slice::from_raw_parts((self as *const Self).cast::<u8>(), Self::BYTES) }
+    }
+
+    /// Write the block into the first `BYTES` bytes of `out`.
+    ///
+    /// Panics if `out` is shorter than one block.
+    #[inline]
+    fn write(&self, out: &mut [u8]) {
+        out[..Self::BYTES].copy_from_slice(self.as_bytes());
+    }
+}
+
+/// The blocks of a byte row, copied out one at a time. Trailing bytes short of a whole block
+/// are ignored (callers check lengths first).
+#[inline]
+pub fn read_blocks<B: Block>(bytes: &[u8]) -> impl Iterator<Item = B> + '_ {
+    bytes.chunks_exact(B::BYTES).map(B::read)
+}
+
+/// `Q4_0`: 32 weights `d * (q - 8)`, 4-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ4_0 {
+    /// Scale.
+    pub d: f16,
+    /// Nibbles: byte `j` holds element `j` (low) and `j + 16` (high).
+    pub qs: [u8; QK32 / 2],
+}
+
+/// `Q4_1`: 32 weights `d * q + m`, 4-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ4_1 {
+    /// Scale.
+    pub d: f16,
+    /// Offset (the block minimum).
+    pub m: f16,
+    /// Nibbles, packed as in [`BlockQ4_0`].
+    pub qs: [u8; QK32 / 2],
+}
+
+/// `Q5_0`: 32 weights `d * (q - 16)`, 5-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ5_0 {
+    /// Scale.
+    pub d: f16,
+    /// Fifth bits: bit `j` of this little-endian `u32` belongs to element `j`.
+    pub qh: [u8; 4],
+    /// Low nibbles, packed as in [`BlockQ4_0`].
+    pub qs: [u8; QK32 / 2],
+}
+
+/// `Q5_1`: 32 weights `d * q + m`, 5-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ5_1 {
+    /// Scale.
+    pub d: f16,
+    /// Offset (the block minimum).
+    pub m: f16,
+    /// Fifth bits, as in [`BlockQ5_0`].
+    pub qh: [u8; 4],
+    /// Low nibbles, packed as in [`BlockQ4_0`].
+    pub qs: [u8; QK32 / 2],
+}
+
+/// `Q8_0`: 32 values `d * q`, 8-bit signed `q`. Also the activation format for
+/// `Q4_0`/`Q5_0`/`Q8_0` weights.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8_0 {
+    /// Scale.
+    pub d: f16,
+    /// Quants.
+    pub qs: [i8; QK32],
+}
+
+/// `Q8_1`: as [`BlockQ8_0`] plus `s = d * Σq`. The activation format for `Q4_1`/`Q5_1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8_1 {
+    /// Scale.
+    pub d: f16,
+    /// `d * Σ qs`, computed with the unrounded `f32` scale.
+    pub s: f16,
+    /// Quants.
+    pub qs: [i8; QK32],
+}
+
+/// `Q2_K`: 256 weights in 16 groups of 16, `d*sc*q - dmin*m` with 4-bit `sc`/`m`, 2-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ2K {
+    /// Per group: scale in the low nibble, min in the high nibble.
+    pub scales: [u8; QK_K / 16],
+    /// 2-bit quants; see `kquants` for the element order.
+    pub qs: [u8; QK_K / 4],
+    /// Super-block scale of the scales.
+    pub d: f16,
+    /// Super-block scale of the mins.
+    pub dmin: f16,
+}
+
+/// `Q3_K`: 256 weights in 16 groups of 16, `d * (sc - 32) * q` with 6-bit `sc`, 3-bit signed `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ3K {
+    /// High (third) bits; set means "no offset", clear means subtract 4.
+    pub hmask: [u8; QK_K / 8],
+    /// Low 2 bits of the quants.
+    pub qs: [u8; QK_K / 4],
+    /// Sixteen 6-bit scales, packed.
+    pub scales: [u8; K_SCALE_SIZE],
+    /// Super-block scale.
+    pub d: f16,
+}
+
+/// `Q4_K`: 256 weights in 8 groups of 32, `d*sc*q - dmin*m` with 6-bit `sc`/`m`, 4-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ4K {
+    /// Super-block scale of the scales.
+    pub d: f16,
+    /// Super-block scale of the mins.
+    pub dmin: f16,
+    /// Eight 6-bit scales and eight 6-bit mins, packed.
+    pub scales: [u8; K_SCALE_SIZE],
+    /// 4-bit quants.
+    pub qs: [u8; QK_K / 2],
+}
+
+/// `Q5_K`: as [`BlockQ4K`] with a fifth quant bit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ5K {
+    /// Super-block scale of the scales.
+    pub d: f16,
+    /// Super-block scale of the mins.
+    pub dmin: f16,
+    /// Eight 6-bit scales and eight 6-bit mins, packed.
+    pub scales: [u8; K_SCALE_SIZE],
+    /// Fifth bits.
+    pub qh: [u8; QK_K / 8],
+    /// Low 4 bits.
+    pub qs: [u8; QK_K / 2],
+}
+
+/// `Q6_K`: 256 weights in 16 groups of 16, `d * sc * (q - 32)` with 8-bit signed `sc`, 6-bit `q`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ6K {
+    /// Low 4 bits.
+    pub ql: [u8; QK_K / 2],
+    /// High 2 bits.
+    pub qh: [u8; QK_K / 4],
+    /// Per-group scales.
+    pub scales: [i8; QK_K / 16],
+    /// Super-block scale.
+    pub d: f16,
+}
+
+/// `Q8_K`: 256 values `d * q` plus per-16 sums of `q`. The activation format of the k-quants.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8K {
+    /// Scale (full `f32`).
+    pub d: f32,
+    /// Quants.
+    pub qs: [i8; QK_K],
+    /// `bsums[j] = Σ qs[16j..16j+16]`.
+    pub bsums: [i16; QK_K / 16],
+}
+
+const _: () = assert!(size_of::<BlockQ4_0>() == 18);
+const _: () = assert!(size_of::<BlockQ4_1>() == 20);
+const _: () = assert!(size_of::<BlockQ5_0>() == 22);
+const _: () = assert!(size_of::<BlockQ5_1>() == 24);
+const _: () = assert!(size_of::<BlockQ8_0>() == 34);
+const _: () = assert!(size_of::<BlockQ8_1>() == 36);
+const _: () = assert!(size_of::<BlockQ2K>() == 84);
+const _: () = assert!(size_of::<BlockQ3K>() == 110);
+const _: () = assert!(size_of::<BlockQ4K>() == 144);
+const _: () = assert!(size_of::<BlockQ5K>() == 176);
+const _: () = assert!(size_of::<BlockQ6K>() == 210);
+const _: () = assert!(size_of::<BlockQ8K>() == 292);
+
+macro_rules! impl_block {
+    ($($ty:ident => $gg:ident, $elems:expr;)*) => {$(
+        // SAFETY: `#[repr(C)]`, fields are integers/f16/f32 (any bit pattern valid), and the
+        // size assertions above equal the sum of the field sizes, so there is no padding.
+        unsafe impl Block for $ty {
+            const TYPE: GgmlType = GgmlType::$gg;
+            const ELEMS: usize = $elems;
+        }
+    )*};
+}
+
+impl_block! {
+    BlockQ4_0 => Q4_0, QK32;
+    BlockQ4_1 => Q4_1, QK32;
+    BlockQ5_0 => Q5_0, QK32;
+    BlockQ5_1 => Q5_1, QK32;
+    BlockQ8_0 => Q8_0, QK32;
+    BlockQ8_1 => Q8_1, QK32;
+    BlockQ2K => Q2_K, QK_K;
+    BlockQ3K => Q3_K, QK_K;
+    BlockQ4K => Q4_K, QK_K;
+    BlockQ5K => Q5_K, QK_K;
+    BlockQ6K => Q6_K, QK_K;
+    BlockQ8K => Q8_K, QK_K;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check<B: Block>() {
+        assert_eq!(B::BYTES, B::TYPE.type_size(), "{}", B::TYPE);
+        assert_eq!(B::ELEMS, B::TYPE.block_size(), "{}", B::TYPE);
+        assert_eq!(
+            B::TYPE.row_bytes(4 * B::ELEMS as u64),
+            Some(4 * B::BYTES as u64)
+        );
+    }
+
+    #[test]
+    fn block_geometry_matches_ggml_types() {
+        check::<BlockQ4_0>();
+        check::<BlockQ4_1>();
+        check::<BlockQ5_0>();
+        check::<BlockQ5_1>();
+        check::<BlockQ8_0>();
+        check::<BlockQ8_1>();
+        check::<BlockQ2K>();
+        check::<BlockQ3K>();
+        check::<BlockQ4K>();
+        check::<BlockQ5K>();
+        check::<BlockQ6K>();
+        check::<BlockQ8K>();
+    }
+
+    #[test]
+    fn read_write_round_trip_unaligned() {
+        let bytes: Vec<u8> = (0..=BlockQ8K::BYTES as u32)
+            .map(|i| (i * 37 + 11) as u8)
+            .collect();
+        // Offset by one byte so the f32 field is misaligned.
+        let b = BlockQ8K::read(&bytes[1..]);
+        assert_eq!(
+            b.d.to_bits(),
+            u32::from_le_bytes(bytes[1..5].try_into().unwrap())
+        );
+        assert_eq!(
+            b.bsums[15],
+            i16::from_le_bytes([bytes[1 + 290], bytes[1 + 291]])
+        );
+        let mut out = vec![0u8; BlockQ8K::BYTES];
+        b.write(&mut out);
+        assert_eq!(out, bytes[1..1 + BlockQ8K::BYTES]);
+        assert_eq!(BlockQ4_1::zeroed().as_bytes(), &[0u8; 20]);
+    }
+}

@@ -1,0 +1,315 @@
+//! ggml's quantized block formats with scalar reference kernels: the numerical definition
+//! every faster kernel is tested against.
+//!
+//! The numerics reproduce llama.cpp's CPU backend on x86: weights are multiplied by
+//! activations that are first converted per row to the weight type's [`vec_dot_type`]
+//! (`Q8_0`, `Q8_1`, `Q8_K`, or the float type itself), using the AVX2 rounding rules.
+//! Integer partial sums are exact; float accumulation is sequential per block (see each
+//! module), so results may differ from llama.cpp's SIMD kernels in the last bits.
+//!
+//! Row functions take byte slices in GGUF layout (any alignment) and dispatch on
+//! [`GgmlType`]. Length mismatches are caller bugs and panic, as documented per function.
+
+mod activation;
+pub mod blocks;
+pub mod float;
+mod kquants;
+mod kquants_quantize;
+mod kquants_search;
+mod legacy;
+mod numeric;
+pub mod rows;
+
+use blink_gguf::GgmlType;
+
+pub use blocks::{
+    Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
+};
+pub use kquants::{q3_scales, scale_min_k4};
+pub use rows::QuantBlock;
+
+/// Why [`quantize_weights`] refused its input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum QuantError {
+    /// The input length is not a whole number of blocks.
+    #[error("{len} values are not a whole number of {ty} blocks of {block}")]
+    PartialBlock {
+        ty: GgmlType,
+        len: usize,
+        block: usize,
+    },
+    /// The output buffer does not have room for the quantized row.
+    #[error("{ty} output needs {needed} bytes, buffer has {actual}")]
+    OutputTooSmall {
+        ty: GgmlType,
+        needed: usize,
+        actual: usize,
+    },
+    /// An input value is NaN or infinite.
+    #[error("input value {index} is not finite ({value})")]
+    NonFinite { index: usize, value: f32 },
+}
+
+/// The activation format a weight type's dot product consumes (llama.cpp's `vec_dot_type`).
+///
+/// `Q8_1` and `Q8_K` have no weight kernel in llama.cpp; here they pair with themselves.
+pub fn vec_dot_type(weight: GgmlType) -> GgmlType {
+    use GgmlType::*;
+    match weight {
+        F32 => F32,
+        F16 => F16,
+        BF16 => BF16,
+        Q4_0 | Q5_0 | Q8_0 => Q8_0,
+        Q4_1 | Q5_1 | Q8_1 => Q8_1,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => Q8_K,
+    }
+}
+
+/// Bytes of a row of `n` elements of `ty`. Panics if `n` is not a whole number of blocks.
+fn row_bytes(ty: GgmlType, n: usize) -> usize {
+    assert!(
+        n % ty.block_size() == 0,
+        "{n} elements are not a whole number of {ty} blocks"
+    );
+    n / ty.block_size() * ty.type_size()
+}
+
+/// Dequantize the whole blocks in `src` (`n = src.len() / type_size · block_size`
+/// elements) into `dst[..n]`. Supports every [`GgmlType`].
+///
+/// Panics if `src.len()` is not a multiple of `ty.type_size()` or `dst` is shorter than `n`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    assert!(
+        src.len() % ty.type_size() == 0,
+        "{} bytes are not a whole number of {ty} blocks",
+        src.len()
+    );
+    let n = src.len() / ty.type_size() * ty.block_size();
+    assert!(
+        dst.len() >= n,
+        "{ty}: {n} values do not fit in {}",
+        dst.len()
+    );
+    let dst = &mut dst[..n];
+    use GgmlType::*;
+    match ty {
+        F32 => float::dequantize_f32(src, dst),
+        F16 => float::dequantize_f16(src, dst),
+        BF16 => float::dequantize_bf16(src, dst),
+        Q4_0 => rows::dequantize::<BlockQ4_0>(src, dst),
+        Q4_1 => rows::dequantize::<BlockQ4_1>(src, dst),
+        Q5_0 => rows::dequantize::<BlockQ5_0>(src, dst),
+        Q5_1 => rows::dequantize::<BlockQ5_1>(src, dst),
+        Q8_0 => rows::dequantize::<BlockQ8_0>(src, dst),
+        Q8_1 => rows::dequantize::<BlockQ8_1>(src, dst),
+        Q2_K => rows::dequantize::<BlockQ2K>(src, dst),
+        Q3_K => rows::dequantize::<BlockQ3K>(src, dst),
+        Q4_K => rows::dequantize::<BlockQ4K>(src, dst),
+        Q5_K => rows::dequantize::<BlockQ5K>(src, dst),
+        Q6_K => rows::dequantize::<BlockQ6K>(src, dst),
+        Q8_K => rows::dequantize::<BlockQ8K>(src, dst),
+    }
+}
+
+/// Quantize an `f32` activation row into `act_ty`, writing `act_ty.row_bytes(n)` bytes to
+/// the front of `dst` (`n = src.len()`).
+///
+/// `F32`/`F16`/`BF16` convert (round to nearest even); `Q8_0`/`Q8_1` follow llama.cpp's x86
+/// `quantize_row_q8_0`/`_q8_1`; `Q8_K` its `quantize_row_q8_K`. Any other type falls back
+/// to the reference weight quantizer (as [`quantize_weights`], without its checks).
+///
+/// Panics if `n` is not a whole number of `act_ty` blocks or `dst` is too short.
+pub fn quantize_row(act_ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    let bytes = row_bytes(act_ty, src.len());
+    assert!(
+        dst.len() >= bytes,
+        "{act_ty}: {bytes} bytes do not fit in {}",
+        dst.len()
+    );
+    let dst = &mut dst[..bytes];
+    match act_ty {
+        GgmlType::Q8_0 => rows::quantize_with(src, dst, BlockQ8_0::quantize_activation),
+        GgmlType::Q8_1 => rows::quantize_with(src, dst, BlockQ8_1::quantize_activation),
+        _ => quantize_ref(act_ty, src, dst),
+    }
+}
+
+/// The reference (file) quantizer of every type; lengths already checked.
+fn quantize_ref(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    use GgmlType::*;
+    match ty {
+        F32 => float::quantize_f32(src, dst),
+        F16 => float::quantize_f16(src, dst),
+        BF16 => float::quantize_bf16(src, dst),
+        Q4_0 => rows::quantize_with(src, dst, BlockQ4_0::quantize_ref),
+        Q4_1 => rows::quantize_with(src, dst, BlockQ4_1::quantize_ref),
+        Q5_0 => rows::quantize_with(src, dst, BlockQ5_0::quantize_ref),
+        Q5_1 => rows::quantize_with(src, dst, BlockQ5_1::quantize_ref),
+        Q8_0 => rows::quantize_with(src, dst, BlockQ8_0::quantize_ref),
+        Q8_1 => rows::quantize_with(src, dst, BlockQ8_1::quantize_ref),
+        Q2_K => rows::quantize_with(src, dst, BlockQ2K::quantize_ref),
+        Q3_K => rows::quantize_with(src, dst, BlockQ3K::quantize_ref),
+        Q4_K => rows::quantize_with(src, dst, BlockQ4K::quantize_ref),
+        Q5_K => rows::quantize_with(src, dst, BlockQ5K::quantize_ref),
+        Q6_K => rows::quantize_with(src, dst, BlockQ6K::quantize_ref),
+        Q8_K => rows::quantize_with(src, dst, BlockQ8K::quantize_ref),
+    }
+}
+
+/// Dot product of one weight row (`w`, type `ty`, `n` elements) with one activation row
+/// already quantized to [`vec_dot_type`]`(ty)`. Allocation-free.
+///
+/// Panics if `n` is not a whole number of blocks of both types, or either slice is shorter
+/// than its row.
+pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
+    let act_ty = vec_dot_type(ty);
+    let (w_bytes, act_bytes) = (row_bytes(ty, n), row_bytes(act_ty, n));
+    assert!(
+        w.len() >= w_bytes,
+        "{ty} weights: need {w_bytes} bytes, have {}",
+        w.len()
+    );
+    assert!(
+        act.len() >= act_bytes,
+        "{act_ty} activations: need {act_bytes} bytes, have {}",
+        act.len()
+    );
+    let nb = n / ty.block_size();
+    use GgmlType::*;
+    match ty {
+        F32 => float::dot_f32(n, w, act),
+        F16 => float::dot_f16(n, w, act),
+        BF16 => float::dot_bf16(n, w, act),
+        Q4_0 => rows::vec_dot::<BlockQ4_0>(nb, w, act),
+        Q4_1 => rows::vec_dot::<BlockQ4_1>(nb, w, act),
+        Q5_0 => rows::vec_dot::<BlockQ5_0>(nb, w, act),
+        Q5_1 => rows::vec_dot::<BlockQ5_1>(nb, w, act),
+        Q8_0 => rows::vec_dot::<BlockQ8_0>(nb, w, act),
+        Q8_1 => rows::vec_dot::<BlockQ8_1>(nb, w, act),
+        Q2_K => rows::vec_dot::<BlockQ2K>(nb, w, act),
+        Q3_K => rows::vec_dot::<BlockQ3K>(nb, w, act),
+        Q4_K => rows::vec_dot::<BlockQ4K>(nb, w, act),
+        Q5_K => rows::vec_dot::<BlockQ5K>(nb, w, act),
+        Q6_K => rows::vec_dot::<BlockQ6K>(nb, w, act),
+        Q8_K => rows::vec_dot::<BlockQ8K>(nb, w, act),
+    }
+}
+
+/// Quantize `f32` weights into `ty` with ggml's reference quantizers (`quantize_row_*_ref`:
+/// round to nearest, no importance matrix — what `llama-quantize` writes without
+/// `--imatrix`). Supports every [`GgmlType`]; writes `ty.row_bytes(src.len())` bytes to the
+/// front of `dst`.
+pub fn quantize_weights(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    let block = ty.block_size();
+    if src.len() % block != 0 {
+        return Err(QuantError::PartialBlock {
+            ty,
+            len: src.len(),
+            block,
+        });
+    }
+    let needed = src.len() / block * ty.type_size();
+    if dst.len() < needed {
+        return Err(QuantError::OutputTooSmall {
+            ty,
+            needed,
+            actual: dst.len(),
+        });
+    }
+    if let Some((index, &value)) = src.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        return Err(QuantError::NonFinite { index, value });
+    }
+    quantize_ref(ty, src, &mut dst[..needed]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vec_dot_types_match_llama_cpp() {
+        use GgmlType::*;
+        for (w, a) in [
+            (F32, F32),
+            (F16, F16),
+            (BF16, BF16),
+            (Q4_0, Q8_0),
+            (Q4_1, Q8_1),
+            (Q5_0, Q8_0),
+        ] {
+            assert_eq!(vec_dot_type(w), a);
+        }
+        for (w, a) in [
+            (Q5_1, Q8_1),
+            (Q8_0, Q8_0),
+            (Q2_K, Q8_K),
+            (Q3_K, Q8_K),
+            (Q4_K, Q8_K),
+            (Q5_K, Q8_K),
+            (Q6_K, Q8_K),
+        ] {
+            assert_eq!(vec_dot_type(w), a);
+        }
+    }
+
+    #[test]
+    fn quantize_weights_rejects_bad_input() {
+        let mut out = vec![0u8; 64];
+        assert_eq!(
+            quantize_weights(GgmlType::Q4_0, &[0.0; 31], &mut out),
+            Err(QuantError::PartialBlock {
+                ty: GgmlType::Q4_0,
+                len: 31,
+                block: 32
+            })
+        );
+        assert_eq!(
+            quantize_weights(GgmlType::Q8_0, &[0.0; 64], &mut out),
+            Err(QuantError::OutputTooSmall {
+                ty: GgmlType::Q8_0,
+                needed: 68,
+                actual: 64
+            })
+        );
+        let mut x = [0.0f32; 32];
+        x[5] = f32::NAN;
+        assert!(matches!(
+            quantize_weights(GgmlType::Q4_0, &x, &mut out),
+            Err(QuantError::NonFinite { index: 5, .. })
+        ));
+    }
+
+    /// Garbage in (NaN, infinities, extremes, subnormals) must not panic anywhere.
+    #[test]
+    fn extreme_inputs_do_not_panic() {
+        let specials = [f32::NAN, f32::INFINITY, -f32::INFINITY, f32::MAX, -f32::MAX, 1e-40, -0.0, 3.0];
+        let x: Vec<f32> = (0..512).map(|i| specials[(i * 7 + i / 5) % specials.len()]).collect();
+        let tiny: Vec<f32> = (0..512).map(|i| (i as f32 - 256.0) * 1e-42).collect();
+        let huge: Vec<f32> = (0..512).map(|i| (i as f32 - 256.0) * 1e36).collect();
+        for ty in GgmlType::ALL {
+            for input in [&x, &tiny, &huge] {
+                let act_ty = vec_dot_type(ty);
+                let mut w = vec![0u8; row_bytes(ty, 512)];
+                let mut a = vec![0u8; row_bytes(act_ty, 512)];
+                quantize_row(ty, input, &mut w);
+                quantize_row(act_ty, input, &mut a);
+                let _ = quantize_weights(ty, input, &mut w);
+                let mut y = vec![0f32; 512];
+                dequantize_row(ty, &w, &mut y);
+                let _ = vec_dot(ty, 512, &w, &a);
+            }
+        }
+    }
+
+    #[test]
+    fn empty_rows_are_fine() {
+        for ty in GgmlType::ALL {
+            dequantize_row(ty, &[], &mut []);
+            quantize_row(ty, &[], &mut []);
+            assert_eq!(vec_dot(ty, 0, &[], &[]), 0.0);
+            quantize_weights(ty, &[], &mut []).unwrap();
+        }
+    }
+}
