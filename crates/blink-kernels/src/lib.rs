@@ -6,5 +6,6 @@
 //! with cheap barriers; [`affinity`] pins threads where the OS allows.
 
 pub mod affinity;
+pub mod math;
 pub mod pool;
 pub mod quant;

@@ -68,6 +68,10 @@ fn activation_quantizers_match_llama_cpp_byte_exactly() {
     }
 }
 
+/// Types whose dot product follows llama.cpp's x86 reduction order exactly (see
+/// `quant::reduce`), so results must be bit-identical.
+const EXACT_ORDER: &[&str] = &["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"];
+
 /// `vec_dot` on llama.cpp's own quantized bytes must reproduce llama.cpp's result up to
 /// float summation order: within `1e-6·Σ|w_i·a_i|` (about 8 ulps of the magnitude sum; the
 /// rows have 512 terms summed in at most 16 block partials).
@@ -102,6 +106,14 @@ fn vec_dot_matches_llama_cpp() {
                 .zip(&af)
                 .map(|(x, y)| (*x as f64 * *y as f64).abs())
                 .sum();
+            if EXACT_ORDER.contains(&name) {
+                assert_eq!(
+                    got.to_bits(),
+                    want[case].to_bits(),
+                    "{name} case {case}: blink {got} vs llama.cpp {} must be bit-identical",
+                    want[case]
+                );
+            }
             let diff = (got as f64 - want[case] as f64).abs();
             assert!(
                 diff <= 1e-6 * magnitude,

@@ -4,14 +4,15 @@
 //! Packing: byte `j` of `qs` holds element `j` in its low nibble and element `j + 16` in its
 //! high nibble; the fifth bit of element `j` is bit `j` of the little-endian `qh` word.
 //!
-//! Dot products follow ggml's `ggml_vec_dot_*_q8_*`: an exact `i32` sum of quant products
-//! per block, then `(d_w·d_a)·Σ` (plus `m_w·s_a` for the `_1` formats) in `f32`.
+//! Dot products follow ggml's x86 `ggml_vec_dot_*_q8_*` exactly: eight exact `i32` lane
+//! sums per block, accumulated per lane with FMA by `d_w·d_a`, plus `m_w·s_a` for the `_1`
+//! formats (see [`DotAcc`]).
 
 use half::f16;
 
 use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK32};
 use super::numeric::{absmax, min_max, signed_absmax, trunc_clamp};
-use super::rows::QuantBlock;
+use super::rows::{DotAcc, QuantBlock};
 
 const HALF: usize = QK32 / 2;
 
@@ -57,6 +58,29 @@ fn int_dot(a: &[i8; QK32], weight: impl Fn(usize) -> (i32, i32)) -> i32 {
             lo * a[j] as i32 + hi * a[j + HALF] as i32
         })
         .sum()
+}
+
+/// The eight lane sums of a block: lane `l` is `Σ q_w[e]·q_a[e]` for `e` in `4l..4l+4`,
+/// where element `e`'s weight quant is `weight(e)`.
+#[inline]
+fn int_lanes(a: &[i8; QK32], weight: impl Fn(usize) -> i32) -> [i32; 8] {
+    std::array::from_fn(|l| (4 * l..4 * l + 4).map(|e| weight(e) * a[e] as i32).sum())
+}
+
+/// Element `e` of a nibble-packed block (`e < 16`: low nibble of byte `e`).
+#[inline]
+fn nibble_at(qs: &[u8; HALF], e: usize) -> i32 {
+    if e < HALF {
+        (qs[e] & 0x0f) as i32
+    } else {
+        (qs[e - HALF] >> 4) as i32
+    }
+}
+
+/// The fifth bit of element `e`, as value 16.
+#[inline]
+fn high_bit_at(qh: u32, e: usize) -> i32 {
+    (((qh >> e) & 1) << 4) as i32
 }
 
 /// Symmetric 4/5-bit quantizer of ggml (`Q4_0`: `nmax = 8`, `Q5_0`: `nmax = 16`): the
@@ -111,6 +135,12 @@ impl QuantBlock for BlockQ4_0 {
         });
         self.d.to_f32() * act.d.to_f32() * sumi as f32
     }
+
+    #[inline]
+    fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
+        let sums = int_lanes(&act.qs, |e| nibble_at(&self.qs, e) - 8);
+        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
+    }
 }
 
 impl QuantBlock for BlockQ4_1 {
@@ -137,6 +167,13 @@ impl QuantBlock for BlockQ4_1 {
     fn dot(&self, act: &BlockQ8_1) -> f32 {
         let sumi = int_dot(&act.qs, |j| nibbles(self.qs[j]));
         self.d.to_f32() * act.d.to_f32() * sumi as f32 + self.m.to_f32() * act.s.to_f32()
+    }
+
+    #[inline]
+    fn accumulate(&self, act: &BlockQ8_1, acc: &mut DotAcc) {
+        acc.tail += self.m.to_f32() * act.s.to_f32();
+        let sums = int_lanes(&act.qs, |e| nibble_at(&self.qs, e));
+        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
     }
 }
 
@@ -167,6 +204,13 @@ impl QuantBlock for BlockQ5_0 {
         });
         self.d.to_f32() * act.d.to_f32() * sumi as f32
     }
+
+    #[inline]
+    fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
+        let qh = u32::from_le_bytes(self.qh);
+        let sums = int_lanes(&act.qs, |e| (nibble_at(&self.qs, e) | high_bit_at(qh, e)) - 16);
+        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
+    }
 }
 
 impl QuantBlock for BlockQ5_1 {
@@ -195,6 +239,14 @@ impl QuantBlock for BlockQ5_1 {
             (lo | hlo, hi | hhi)
         });
         self.d.to_f32() * act.d.to_f32() * sumi as f32 + self.m.to_f32() * act.s.to_f32()
+    }
+
+    #[inline]
+    fn accumulate(&self, act: &BlockQ8_1, acc: &mut DotAcc) {
+        acc.tail += self.m.to_f32() * act.s.to_f32();
+        let qh = u32::from_le_bytes(self.qh);
+        let sums = int_lanes(&act.qs, |e| nibble_at(&self.qs, e) | high_bit_at(qh, e));
+        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
     }
 }
 
@@ -226,6 +278,12 @@ impl QuantBlock for BlockQ8_0 {
             .map(|(&w, &a)| w as i32 * a as i32)
             .sum();
         self.d.to_f32() * act.d.to_f32() * sumi as f32
+    }
+
+    #[inline]
+    fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
+        let sums = int_lanes(&act.qs, |e| self.qs[e] as i32);
+        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
     }
 }
 

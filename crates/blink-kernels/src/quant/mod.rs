@@ -4,8 +4,9 @@
 //! The numerics reproduce llama.cpp's CPU backend on x86: weights are multiplied by
 //! activations that are first converted per row to the weight type's [`vec_dot_type`]
 //! (`Q8_0`, `Q8_1`, `Q8_K`, or the float type itself), using the AVX2 rounding rules.
-//! Integer partial sums are exact; float accumulation is sequential per block (see each
-//! module), so results may differ from llama.cpp's SIMD kernels in the last bits.
+//! Integer partial sums are exact; float accumulation follows llama.cpp's x86 order for
+//! the 32-element and float formats ([`reduce`]), so those dots are bit-identical to it.
+//! The k-quants sum whole blocks sequentially (their own, documented order).
 //!
 //! Row functions take byte slices in GGUF layout (any alignment) and dispatch on
 //! [`GgmlType`]. Length mismatches are caller bugs and panic, as documented per function.
@@ -18,6 +19,7 @@ mod kquants_quantize;
 mod kquants_search;
 mod legacy;
 mod numeric;
+pub mod reduce;
 pub mod rows;
 
 use blink_gguf::GgmlType;
@@ -27,7 +29,7 @@ pub use blocks::{
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 pub use kquants::{q3_scales, scale_min_k4};
-pub use rows::QuantBlock;
+pub use rows::{DotAcc, QuantBlock};
 
 /// Why [`quantize_weights`] refused its input.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

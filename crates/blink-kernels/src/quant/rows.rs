@@ -3,6 +3,7 @@
 //! A row kernel only walks blocks in order; all numerics live in the [`QuantBlock`] impls.
 
 use super::blocks::{read_blocks, Block};
+use super::reduce::hsum8;
 
 /// Scalar reference kernels of one block format.
 pub trait QuantBlock: Block {
@@ -18,7 +19,45 @@ pub trait QuantBlock: Block {
 
     /// This block's contribution to a dot product with one activation block.
     fn dot(&self, act: &Self::Act) -> f32;
+
+    /// Add this block's contribution into `acc`, in the order that defines Blink's numerics
+    /// (see [`DotAcc`]). By default the block's `dot` is added to the scalar tail.
+    #[inline]
+    fn accumulate(&self, act: &Self::Act, acc: &mut DotAcc) {
+        acc.tail += self.dot(act);
+    }
 }
+
+/// Accumulator of a row dot product, in ggml's x86 order.
+///
+/// The 32-element formats produce, per block, eight exact integer lane sums (lane `l`
+/// covers elements `4l..4l+4`) and one scale; lane `l` accumulates `fma(scale, sum_l,
+/// acc_l)` across blocks, and the row result is `hsum8(lanes) + tail`, where the tail
+/// collects `m·s` terms (`Q4_1`, `Q5_1`) or whole-block values (k-quants). This is exactly
+/// what llama.cpp's AVX2/AVX-512 kernels compute, so greedy outputs match it bit for bit;
+/// every SIMD kernel must reproduce it exactly.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DotAcc {
+    pub lanes: [f32; 8],
+    pub tail: f32,
+}
+
+impl DotAcc {
+    /// Add `scale · sums[l]` to each lane with one rounding (FMA).
+    #[inline]
+    pub fn add_lanes(&mut self, scale: f32, sums: &[i32; 8]) {
+        for (acc, &s) in self.lanes.iter_mut().zip(sums) {
+            *acc = scale.mul_add(s as f32, *acc);
+        }
+    }
+
+    /// The row result.
+    #[inline]
+    pub fn finish(&self) -> f32 {
+        hsum8(&self.lanes) + self.tail
+    }
+}
+
 
 /// Dequantize every whole block of `src` into consecutive `B::ELEMS` chunks of `dst`.
 pub fn dequantize<B: QuantBlock>(src: &[u8], dst: &mut [f32]) {
@@ -39,10 +78,11 @@ pub fn quantize_with<B: Block>(src: &[f32], dst: &mut [u8], quantize: impl Fn(&[
 
 /// Dot product of the first `n_blocks` weight blocks with as many activation blocks.
 ///
-/// Block contributions are summed in order into one `f32`, as ggml's generic kernels do.
+/// Blocks are accumulated in order into a [`DotAcc`].
 pub fn vec_dot<B: QuantBlock>(n_blocks: usize, w: &[u8], act: &[u8]) -> f32 {
-    read_blocks::<B>(w)
-        .zip(read_blocks::<B::Act>(act))
-        .take(n_blocks)
-        .fold(0.0f32, |acc, (wb, ab)| acc + wb.dot(&ab))
+    let mut acc = DotAcc::default();
+    for (wb, ab) in read_blocks::<B>(w).zip(read_blocks::<B::Act>(act)).take(n_blocks) {
+        wb.accumulate(&ab, &mut acc);
+    }
+    acc.finish()
 }

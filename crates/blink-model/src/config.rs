@@ -1,0 +1,234 @@
+//! Hyper-parameters of a model, read and checked from GGUF metadata.
+//!
+//! One `ModelConfig` describes every supported architecture; the per-architecture
+//! differences (rope order, biases, q/k norms) are plain fields, not separate types.
+
+use blink_gguf::GgufFile;
+
+use crate::ModelError;
+
+/// The transformer families Blink can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 1/2/3, Mistral, SmolLM and friends.
+    Llama,
+    /// Qwen2: Llama plus biases on Q, K and V.
+    Qwen2,
+    /// Qwen3: Llama plus RMS norms on Q and K per head.
+    Qwen3,
+}
+
+impl Arch {
+    fn from_name(name: &str) -> Result<Arch, ModelError> {
+        match name {
+            "llama" => Ok(Arch::Llama),
+            "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
+            other => Err(ModelError::Unsupported(format!(
+                "architecture '{other}' (supported: llama, qwen2, qwen3)"
+            ))),
+        }
+    }
+
+    /// The GGUF metadata prefix and display name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How rotary position embedding pairs dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeOrder {
+    /// Adjacent pairs (2i, 2i+1): llama.cpp's "normal" order, used with permuted Q/K weights.
+    Normal,
+    /// Halves (i, i + d/2): GPT-NeoX order.
+    NeoX,
+}
+
+/// Context-extension scaling declared by the file.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f32 },
+    /// YaRN: interpolation blended with extrapolation per dimension.
+    Yarn {
+        factor: f32,
+        original_ctx: u32,
+        ext_factor: f32,
+        attn_factor: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+    },
+}
+
+/// Rotary embedding parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub order: RopeOrder,
+    /// Number of leading head dimensions rotated.
+    pub n_dims: usize,
+    pub freq_base: f32,
+    pub scaling: RopeScaling,
+}
+
+/// Shape and numerics of a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub name: String,
+    pub n_layers: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Context length the model was trained with.
+    pub n_ctx_train: usize,
+    pub norm_eps: f32,
+    pub rope: RopeConfig,
+    pub vocab_size: usize,
+}
+
+/// Upper bounds that keep a hostile file from asking for absurd allocations.
+const MAX_LAYERS: u32 = 1024;
+const MAX_DIM: u32 = 1 << 20;
+
+impl ModelConfig {
+    /// Read and validate the hyper-parameters of `file`.
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
+        let arch = Arch::from_name(file.get_str("general.architecture")?)?;
+        let key = |suffix: &str| format!("{}.{suffix}", arch.name());
+        let bounded = |suffix: &str, max: u32| -> Result<usize, ModelError> {
+            let k = key(suffix);
+            let v = file.get_u32(&k)?;
+            if v == 0 || v > max {
+                return Err(ModelError::BadConfig(format!("{k} = {v} is out of range 1..={max}")));
+            }
+            Ok(v as usize)
+        };
+        let optional = |suffix: &str| -> Result<Option<usize>, ModelError> {
+            match file.opt_u32(&key(suffix))? {
+                Some(0) => Err(ModelError::BadConfig(format!("{} must not be 0", key(suffix)))),
+                Some(v) if v > MAX_DIM => {
+                    Err(ModelError::BadConfig(format!("{} = {v} is too large", key(suffix))))
+                }
+                v => Ok(v.map(|v| v as usize)),
+            }
+        };
+
+        let n_layers = bounded("block_count", MAX_LAYERS)?;
+        let n_embd = bounded("embedding_length", MAX_DIM)?;
+        let n_ff = bounded("feed_forward_length", MAX_DIM)?;
+        let n_head = bounded("attention.head_count", MAX_DIM)?;
+        let n_head_kv = optional("attention.head_count_kv")?.unwrap_or(n_head);
+        let head_dim = optional("attention.key_length")?.unwrap_or(n_embd / n_head);
+        if let Some(v_dim) = optional("attention.value_length")? {
+            if v_dim != head_dim {
+                return Err(ModelError::Unsupported(format!(
+                    "value head size {v_dim} different from key head size {head_dim}"
+                )));
+            }
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(ModelError::BadConfig(format!(
+                "head_count {n_head} is not a multiple of head_count_kv {n_head_kv}"
+            )));
+        }
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(ModelError::BadConfig(format!("head size {head_dim} must be even and non-zero")));
+        }
+        let n_ctx_train = optional("context_length")?.unwrap_or(2048);
+        let norm_eps = file.opt_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
+        if !(norm_eps.is_finite() && norm_eps >= 0.0) {
+            return Err(ModelError::BadConfig(format!("rms epsilon {norm_eps} is not a valid number")));
+        }
+
+        let rope = Self::rope_from_gguf(file, arch, head_dim, n_ctx_train)?;
+        let vocab_size = match optional("vocab_size")? {
+            Some(v) => v,
+            None => file.get_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let name = file.opt_str("general.name")?.unwrap_or(arch.name()).to_string();
+
+        Ok(ModelConfig {
+            arch,
+            name,
+            n_layers,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ctx_train,
+            norm_eps,
+            rope,
+            vocab_size,
+        })
+    }
+
+    fn rope_from_gguf(
+        file: &GgufFile,
+        arch: Arch,
+        head_dim: usize,
+        n_ctx_train: usize,
+    ) -> Result<RopeConfig, ModelError> {
+        let key = |suffix: &str| format!("{}.{suffix}", arch.name());
+        let order = match arch {
+            Arch::Llama => RopeOrder::Normal,
+            Arch::Qwen2 | Arch::Qwen3 => RopeOrder::NeoX,
+        };
+        let n_dims = file.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
+        if n_dims == 0 || n_dims > head_dim || n_dims % 2 != 0 {
+            return Err(ModelError::BadConfig(format!(
+                "rope dimension count {n_dims} must be even and at most the head size {head_dim}"
+            )));
+        }
+        let freq_base = file.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        if !(freq_base.is_finite() && freq_base > 1.0) {
+            return Err(ModelError::BadConfig(format!("rope freq_base {freq_base} is not valid")));
+        }
+        let scaling_type = file.opt_str(&key("rope.scaling.type"))?.unwrap_or("none");
+        let factor = match file.opt_f32(&key("rope.scaling.factor"))? {
+            Some(f) if f.is_finite() && f > 0.0 => f,
+            Some(f) => return Err(ModelError::BadConfig(format!("rope scaling factor {f} is not valid"))),
+            None => 1.0,
+        };
+        let scaling = match scaling_type {
+            "none" => RopeScaling::None,
+            _ if factor == 1.0 => RopeScaling::None,
+            "linear" => RopeScaling::Linear { factor },
+            "yarn" => {
+                let original_ctx = file
+                    .opt_u32(&key("rope.scaling.original_context_length"))?
+                    .unwrap_or(n_ctx_train as u32);
+                RopeScaling::Yarn {
+                    factor,
+                    original_ctx,
+                    ext_factor: 1.0,
+                    attn_factor: file.opt_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0),
+                    beta_fast: file.opt_f32(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+                    beta_slow: file.opt_f32(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+                }
+            }
+            other => {
+                return Err(ModelError::Unsupported(format!("rope scaling type '{other}'")));
+            }
+        };
+        Ok(RopeConfig { order, n_dims, freq_base, scaling })
+    }
+
+    /// Width of the key (and value) projection: `n_head_kv * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Width of the query projection: `n_head * head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+}

@@ -1,0 +1,146 @@
+//! The batched forward pass.
+//!
+//! A step is a list of rows, each one token of one sequence at one position; prefill
+//! chunks, decode tokens of many sequences and (later) fine-tuning rows are all just rows.
+//! Every pool thread runs the whole pass (SPMD), splitting each phase by rows, heads or
+//! output features and meeting at barriers; nothing is allocated while it runs.
+//!
+//! Each output value is reduced in the same order whatever else is in the batch, so a
+//! sequence's result does not depend on its batch-mates.
+
+mod pass;
+mod scratch;
+
+use blink_kernels::pool::ThreadPool;
+use thiserror::Error;
+
+use crate::kv_cache::{KvCache, KvData, KvError, SeqId};
+use crate::Model;
+
+pub use scratch::Scratch;
+
+/// One token of one sequence in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepRow {
+    pub token: u32,
+    /// Position of the token in its sequence.
+    pub pos: usize,
+    pub seq: SeqId,
+    /// Whether this row's logits are wanted.
+    pub logits: bool,
+}
+
+/// Why a step could not run. Nothing has been computed when one is returned.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ForwardError {
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    BadToken { token: u32, vocab: usize },
+    #[error("sequence {seq}: position {pos} given where {expected} was expected")]
+    BadPosition { seq: SeqId, pos: usize, expected: usize },
+    #[error("context full: position {pos} is beyond the context size of {n_ctx} tokens")]
+    ContextFull { pos: usize, n_ctx: usize },
+    #[error("step of {rows} rows ({logits} with logits) exceeds the scratch capacity of {max_rows} ({max_logits})")]
+    TooManyRows { rows: usize, logits: usize, max_rows: usize, max_logits: usize },
+    #[error("the KV cache was built for a different model shape")]
+    CacheMismatch,
+    #[error("the pool has more threads than the scratch was sized for")]
+    TooManyThreads,
+    #[error(transparent)]
+    Kv(#[from] KvError),
+}
+
+impl Model {
+    /// Run one step. Each sequence's rows must continue it: positions `len, len+1, ...`
+    /// where `len` is what the cache holds for it. Logits of the rows that asked for them
+    /// are then in `scratch.logits(i)`, in row order.
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        kv: &mut KvCache,
+        rows: &[StepRow],
+        scratch: &mut Scratch,
+    ) -> Result<(), ForwardError> {
+        if pool.n_threads() > scratch.n_threads() {
+            return Err(ForwardError::TooManyThreads);
+        }
+        self.check_and_reserve(kv, rows, scratch)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let layout = *kv.layout();
+        let threads = pool.n_threads();
+        let (tables, data) = kv.split_mut();
+        match data {
+            KvData::F16(store) => pass::Pass::new(self, rows, scratch, tables, store, threads, layout).run(pool),
+            KvData::F32(store) => pass::Pass::new(self, rows, scratch, tables, store, threads, layout).run(pool),
+        }
+        Ok(())
+    }
+
+    /// Validate a step and grow the cache of every sequence in it; on error nothing changes.
+    fn check_and_reserve(&self, kv: &mut KvCache, rows: &[StepRow], scratch: &mut Scratch) -> Result<(), ForwardError> {
+        let vocab = self.cfg.vocab_size;
+        if kv.layout().n_layers != self.cfg.n_layers || kv.layout().n_kv_heads != self.cfg.n_head_kv {
+            return Err(ForwardError::CacheMismatch);
+        }
+        scratch.logit_rows.clear();
+        for (i, r) in rows.iter().enumerate() {
+            if r.token as usize >= vocab {
+                return Err(ForwardError::BadToken { token: r.token, vocab });
+            }
+            if r.pos >= scratch.max_ctx() {
+                return Err(ForwardError::ContextFull { pos: r.pos, n_ctx: scratch.max_ctx() });
+            }
+            if r.logits {
+                scratch.logit_rows.push(i);
+            }
+        }
+        if rows.len() > scratch.max_rows() || scratch.logit_rows.len() > scratch.max_logit_rows() {
+            let err = ForwardError::TooManyRows {
+                rows: rows.len(),
+                logits: scratch.logit_rows.len(),
+                max_rows: scratch.max_rows(),
+                max_logits: scratch.max_logit_rows(),
+            };
+            scratch.logit_rows.clear();
+            return Err(err);
+        }
+
+        // Positions must continue each sequence; `next` tracks the expected one.
+        let next = &mut scratch.next_pos;
+        for r in rows {
+            if next.len() <= r.seq {
+                next.resize(r.seq + 1, usize::MAX);
+            }
+            next[r.seq] = kv.seq_len(r.seq)?;
+        }
+        let mut result = Ok(());
+        for r in rows {
+            if r.pos != next[r.seq] {
+                result = Err(ForwardError::BadPosition { seq: r.seq, pos: r.pos, expected: next[r.seq] });
+                break;
+            }
+            next[r.seq] += 1;
+        }
+        // Grow every sequence to its new length (repeat calls are no-ops). On failure, cut
+        // each sequence back to its first row's position, which is where it stood before.
+        if result.is_ok() {
+            for (i, r) in rows.iter().enumerate() {
+                if let Err(e) = kv.grow(r.seq, next[r.seq]) {
+                    for p in &rows[..i] {
+                        let _ = kv.truncate(p.seq, p.pos);
+                    }
+                    result = Err(e.into());
+                    break;
+                }
+            }
+        }
+        for r in rows {
+            next[r.seq] = usize::MAX;
+        }
+        if result.is_err() {
+            scratch.logit_rows.clear();
+        }
+        result
+    }
+}

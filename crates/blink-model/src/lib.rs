@@ -1,0 +1,73 @@
+//! The model side of Blink: everything needed to turn token ids into logits.
+//!
+//! Owns GGUF-to-model mapping (config, weights), the tokenizer and chat template, the KV
+//! cache and the batched forward pass. It does not schedule requests or sample tokens
+//! (that is `blink-engine`), and its numerics live in `blink-kernels`.
+
+pub mod config;
+pub mod fetch;
+pub mod forward;
+pub mod kv_cache;
+pub mod ops;
+pub mod rope;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use blink_gguf::{GgufError, GgufFile};
+use thiserror::Error;
+
+pub use config::{Arch, ModelConfig};
+pub use forward::{ForwardError, Scratch, StepRow};
+pub use kv_cache::{KvCache, KvType, SeqId};
+pub use rope::Rope;
+pub use weights::Weights;
+
+/// Why a model could not be loaded.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    #[error("bad model metadata: {0}")]
+    BadConfig(String),
+    #[error("missing tensor '{0}'")]
+    MissingTensor(String),
+    #[error("bad tensor: {0}")]
+    BadTensor(String),
+}
+
+/// A loaded model: configuration, weights and rope tables, backed by the mapped file.
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub weights: Weights,
+    pub rope: Rope,
+    file: Arc<GgufFile>,
+}
+
+impl Model {
+    /// Build the model from an opened (and therefore validated) GGUF file.
+    pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
+        let cfg = ModelConfig::from_gguf(&file)?;
+        let weights = Weights::from_gguf(&file, &cfg)?;
+        let rope = Rope::new(&cfg.rope, weights.rope_freqs.clone());
+        Ok(Model { cfg, weights, rope, file })
+    }
+
+    /// Open, validate and load the GGUF file at `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        Self::from_gguf(Arc::new(GgufFile::open(path)?))
+    }
+
+    /// The file the model was loaded from.
+    pub fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    /// A KV cache for this model able to hold `tokens` tokens in all.
+    pub fn new_kv_cache(&self, tokens: usize, ty: KvType) -> KvCache {
+        KvCache::new(self.cfg.n_layers, self.cfg.n_head_kv, self.cfg.head_dim, ty, KvCache::blocks_for(tokens))
+    }
+}
