@@ -6,6 +6,9 @@
 //! with cheap barriers; [`affinity`] pins threads where the OS allows.
 
 pub mod affinity;
+pub mod attention;
+pub mod cpu;
+pub mod gemm;
 pub mod math;
 pub mod pool;
 pub mod quant;

@@ -292,6 +292,12 @@ impl<'a, T> SharedMut<'a, T> {
         self.len
     }
 
+    /// The base pointer, for kernels that write strided elements themselves. The same
+    /// disjointness rules as `slice_mut` apply to whatever they write.
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -36,44 +36,8 @@ impl KvType {
     }
 }
 
-/// A value type the cache can store.
-pub trait KvElem: Copy + Send + Sync + 'static {
-    fn from_f32(v: f32) -> Self;
-    fn to_f32(self) -> f32;
-    /// Round `v` to the precision attention uses against this cache (llama.cpp converts
-    /// the other operand of an f16 matrix product to f16).
-    fn round(v: f32) -> f32;
-}
-
-impl KvElem for f16 {
-    #[inline]
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-    #[inline]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    #[inline]
-    fn round(v: f32) -> f32 {
-        f16::from_f32(v).to_f32()
-    }
-}
-
-impl KvElem for f32 {
-    #[inline]
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    #[inline]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline]
-    fn round(v: f32) -> f32 {
-        v
-    }
-}
+/// A value type the cache can store (f16 or f32).
+pub use blink_kernels::attention::CacheElem as KvElem;
 
 /// Shape of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,9 +5,11 @@
 //! that opened it.
 
 use blink_gguf::GgmlType;
+use blink_kernels::cpu::{self, Isa};
+use blink_kernels::gemm::{self, Out};
 use blink_kernels::pool::{SharedMut, ThreadPool, Worker};
 use blink_kernels::quant;
-use blink_kernels::quant::reduce;
+use blink_kernels::attention::{self, Online};
 
 use super::{Scratch, StepRow};
 use crate::kv_cache::{BlockTables, KvElem, KvLayout, KvStore, BLOCK_TOKENS};
@@ -72,6 +74,7 @@ pub(super) struct Pass<'a, T: KvElem> {
     vc: SharedMut<'a, T>,
     tables: BlockTables<'a>,
     layout: KvLayout,
+    isa: Isa,
 }
 
 impl<'a, T: KvElem> Pass<'a, T> {
@@ -109,6 +112,7 @@ impl<'a, T: KvElem> Pass<'a, T> {
             vc: SharedMut::new(&mut store.v),
             tables,
             layout,
+            isa: cpu::active(),
         }
     }
 
@@ -201,24 +205,13 @@ impl<'a, T: KvElem> Pass<'a, T> {
 
     /// `out[r][i] (+)= m[i] · act[r]` for this thread's share of output features `i`.
     fn matmul(&self, w: &Worker, m: &Matrix, count: usize, out: &Buf, mode: Write) {
-        let act_ty = quant::vec_dot_type(m.ty);
-        let act_bytes = act_ty.row_bytes(m.cols as u64).expect("checked at load") as usize;
-        let rb = m.row_bytes();
-        let weights = m.bytes();
-        for i in w.share(m.rows, 8) {
-            let wrow = &weights[i * rb..(i + 1) * rb];
-            for r in 0..count {
-                // SAFETY: act is read-only in this phase; this thread owns column i of out.
-                unsafe {
-                    let a = self.act.slice(r * self.act_stride..r * self.act_stride + act_bytes);
-                    let v = quant::vec_dot(m.ty, m.cols, wrow, a);
-                    let o = out.data.at(r * out.stride + i);
-                    match mode {
-                        Write::Set => *o = v,
-                        Write::Add => *o += v,
-                    }
-                }
-            }
+        let rows = w.share(m.rows, 16);
+        // SAFETY: act is read-only in this phase (written before the last barrier); this
+        // thread alone writes columns `rows` of `out`, which holds `count` rows of `stride`.
+        unsafe {
+            let act = self.act.slice(0..count * self.act_stride);
+            let target = Out { ptr: out.data.as_mut_ptr(), ld: out.stride, accumulate: mode == Write::Add };
+            gemm::gemm(self.isa, m.ty, m.cols, m.bytes(), rows, act, self.act_stride, count, target);
         }
     }
 
@@ -263,11 +256,8 @@ impl<'a, T: KvElem> Pass<'a, T> {
         }
     }
 
-    /// Causal attention of every (row, head) over its sequence's cached positions.
-    ///
-    /// One pass over the keys with an online softmax, in position order. Numerics follow
-    /// llama.cpp's flash-attention kernel: against an f16 cache the query is rounded to f16
-    /// and the running weighted sum of values is kept in f16.
+    /// Causal attention of every (row, head) over its sequence's cached positions, block
+    /// by block (see `blink_kernels::attention` for the numerics).
     fn attention(&self, w: &Worker, layer: usize) {
         let cfg = &self.model.cfg;
         let hd = cfg.head_dim;
@@ -285,26 +275,17 @@ impl<'a, T: KvElem> Pass<'a, T> {
             let (q, acc) = unsafe {
                 (&self.q.row(r, cfg.q_dim())[h * hd..(h + 1) * hd], &mut self.attn.row_mut(r, cfg.q_dim())[h * hd..(h + 1) * hd])
             };
-            qh.iter_mut().zip(q).for_each(|(a, &b)| *a = T::round(b));
+            attention::prepare_query::<T>(q, qh);
             acc.iter_mut().for_each(|a| *a = 0.0);
-            let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-            for j in 0..=row.pos {
-                let at = self.layout.offset(layer, table[j / BLOCK_TOKENS], kvh, j % BLOCK_TOKENS);
-                let (key, value) = unsafe { (self.kc.slice(at..at + hd), self.vc.slice(at..at + hd)) };
-                let s = reduce::dot_lanes16(hd, |d| qh[d], |d| key[d].to_f32(), true) * scale;
-                let (mut ms, mut vs) = (1.0f32, 1.0f32);
-                if s > max {
-                    ms = (max - s).exp();
-                    max = s;
-                    acc.iter_mut().for_each(|a| *a = T::round(*a * ms));
-                } else {
-                    vs = (s - max).exp();
-                }
-                acc.iter_mut().zip(value).for_each(|(a, &v)| *a = T::round(v.to_f32().mul_add(vs, *a)));
-                sum = sum.mul_add(ms, vs);
+            let mut state = Online::default();
+            let n_pos = row.pos + 1;
+            for (b, &block) in table.iter().enumerate().take(n_pos.div_ceil(BLOCK_TOKENS)) {
+                let n = (n_pos - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
+                let at = self.layout.offset(layer, block, kvh, 0);
+                let (keys, values) = unsafe { (self.kc.slice(at..at + n * hd), self.vc.slice(at..at + n * hd)) };
+                attention::attend::<T>(self.isa, qh, keys, values, n, scale, &mut state, acc);
             }
-            let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-            acc.iter_mut().for_each(|a| *a *= inv);
+            state.finish(acc);
         }
     }
 }
