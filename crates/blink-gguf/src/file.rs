@@ -186,6 +186,24 @@ impl GgufFile {
             .unwrap_or(&[])
     }
 
+    /// Tell the OS that `t`'s bytes will not be read again soon, so their pages can leave
+    /// memory (used after a tensor was copied elsewhere, e.g. repacked). Reading them later
+    /// still works: the pages come back from the file. A no-op for in-memory files.
+    pub fn release_tensor(&self, t: &TensorInfo) {
+        if let Backing::Mapped(map) = &self.backing {
+            const PAGE: usize = 4096;
+            let start = (self.layout.data_offset + t.offset) as usize;
+            let first = start.next_multiple_of(PAGE);
+            let end = (start + t.n_bytes as usize) / PAGE * PAGE;
+            if end > first {
+                // SAFETY: the map is a shared, read-only file mapping: dropping its pages only
+                // makes later reads fault them back in from the file, with the same bytes.
+                // Advisory only; failure just leaves the pages resident.
+                let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first) };
+            }
+        }
+    }
+
     /// Size of the whole file in bytes.
     pub fn file_size(&self) -> u64 {
         self.backing.bytes().len() as u64

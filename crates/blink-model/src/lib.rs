@@ -4,12 +4,14 @@
 //! cache and the batched forward pass. It does not schedule requests or sample tokens
 //! (that is `blink-engine`), and its numerics live in `blink-kernels`.
 
+pub mod chat_template;
 pub mod config;
 pub mod fetch;
 pub mod forward;
 pub mod kv_cache;
 pub mod ops;
 pub mod rope;
+pub mod tokenizer;
 pub mod weights;
 
 use std::path::Path;
@@ -18,10 +20,12 @@ use std::sync::Arc;
 use blink_gguf::{GgufError, GgufFile};
 use thiserror::Error;
 
+pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
 pub use config::{Arch, ModelConfig};
 pub use forward::{ForwardError, Scratch, StepRow};
 pub use kv_cache::{KvCache, KvType, SeqId};
 pub use rope::Rope;
+pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 pub use weights::Weights;
 
 /// Why a model could not be loaded.
@@ -51,7 +55,7 @@ impl Model {
     /// Build the model from an opened (and therefore validated) GGUF file.
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
-        let weights = Weights::from_gguf(&file, &cfg)?;
+        let weights = Weights::from_gguf(&file, &cfg, blink_kernels::cpu::active())?;
         let rope = Rope::new(&cfg.rope, weights.rope_freqs.clone());
         Ok(Model { cfg, weights, rope, file })
     }

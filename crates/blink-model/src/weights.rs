@@ -7,6 +7,8 @@
 use std::sync::Arc;
 
 use blink_gguf::{GgmlType, GgufFile, TensorInfo};
+use blink_kernels::cpu::Isa;
+use blink_kernels::gemm::{self, Layout};
 use blink_kernels::quant;
 
 use crate::config::{Arch, ModelConfig};
@@ -44,33 +46,38 @@ impl Blob {
     }
 }
 
-/// A weight matrix: `rows` output features, each a row of `cols` input features of type `ty`.
+/// A weight matrix: `rows` output features, each a row of `cols` input features of type `ty`,
+/// stored row-major as in the file or repacked for the active kernels.
 #[derive(Clone)]
 pub struct Matrix {
     pub name: String,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    pub layout: Layout,
     data: Blob,
 }
 
 impl Matrix {
-    /// All rows, contiguous.
+    /// The matrix bytes, in `layout`.
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         self.data.bytes()
     }
 
-    /// Bytes of one row.
-    #[inline]
-    pub fn row_bytes(&self) -> usize {
-        self.bytes().len() / self.rows
+    /// Row `i` dequantized into `out[..cols]` (row-major matrices only).
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) {
+        assert_eq!(self.layout, Layout::RowMajor, "dequantize_row needs a row-major matrix");
+        let rb = self.bytes().len() / self.rows;
+        quant::dequantize_row(self.ty, &self.bytes()[i * rb..(i + 1) * rb], &mut out[..self.cols]);
     }
 
-    /// Row `i` dequantized into `out[..cols]`.
-    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) {
-        let rb = self.row_bytes();
-        quant::dequantize_row(self.ty, &self.bytes()[i * rb..(i + 1) * rb], &mut out[..self.cols]);
+    /// A copy prepared for `isa`'s kernels: repacked if they want another layout.
+    fn prepared(self, isa: Isa) -> Matrix {
+        match gemm::prepare(isa, self.ty, self.rows, self.cols, self.bytes()) {
+            Some(packed) => Matrix { layout: Layout::Packed, data: Blob::owned(packed), ..self },
+            None => self,
+        }
     }
 }
 
@@ -108,6 +115,7 @@ pub struct Weights {
 /// Looks tensors up by name and checks them.
 struct Loader<'a> {
     file: &'a Arc<GgufFile>,
+    isa: Isa,
 }
 
 impl Loader<'_> {
@@ -144,13 +152,24 @@ impl Loader<'_> {
             ty: info.ty,
             rows,
             cols,
+            layout: Layout::RowMajor,
             data: Blob::mapped(self.file, info),
         })
     }
 
-    fn opt_matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Option<Matrix>, ModelError> {
+    /// A matrix used only in products: repacked for the kernels when they want it, after
+    /// which the file's pages of it are released.
+    fn weight(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix, ModelError> {
+        let m = self.matrix(name, cols, rows)?.prepared(self.isa);
+        if m.layout != Layout::RowMajor {
+            self.file.release_tensor(self.info(name)?);
+        }
+        Ok(m)
+    }
+
+    fn opt_weight(&self, name: &str, cols: usize, rows: usize) -> Result<Option<Matrix>, ModelError> {
         match self.file.tensor(name) {
-            Some(_) => self.matrix(name, cols, rows).map(Some),
+            Some(_) => self.weight(name, cols, rows).map(Some),
             None => Ok(None),
         }
     }
@@ -184,12 +203,17 @@ impl Loader<'_> {
 }
 
 impl Weights {
-    /// Locate and check every tensor `cfg` needs.
-    pub fn from_gguf(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Weights, ModelError> {
-        let ld = Loader { file };
+    /// Locate and check every tensor `cfg` needs, preparing matrices for `isa`'s kernels.
+    pub fn from_gguf(file: &Arc<GgufFile>, cfg: &ModelConfig, isa: Isa) -> Result<Weights, ModelError> {
+        let ld = Loader { file, isa };
         let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        // The embedding table is read by rows, so it stays as in the file; a tied output
+        // head gets its own prepared copy.
         let token_embd = ld.matrix("token_embd.weight", d, cfg.vocab_size)?;
-        let output = ld.opt_matrix("output.weight", d, cfg.vocab_size)?.unwrap_or_else(|| token_embd.clone());
+        let output = match ld.opt_weight("output.weight", d, cfg.vocab_size)? {
+            Some(m) => m,
+            None => token_embd.clone().prepared(isa),
+        };
         let output_norm = ld.vector("output_norm.weight", d)?;
         let rope_freqs = ld.opt_vector("rope_freqs.weight", cfg.rope.n_dims / 2)?;
 
@@ -198,21 +222,24 @@ impl Weights {
                 let n = |s: &str| format!("blk.{i}.{s}");
                 let biased = cfg.arch == Arch::Qwen2;
                 let qk_norm = cfg.arch == Arch::Qwen3;
+                let bias = |s: &str, len| -> Result<Option<Vec<f32>>, ModelError> {
+                    if biased { ld.vector(&n(s), len).map(Some) } else { ld.opt_vector(&n(s), len) }
+                };
                 Ok(LayerWeights {
                     attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
-                    wq: ld.matrix(&n("attn_q.weight"), d, q)?,
-                    wk: ld.matrix(&n("attn_k.weight"), d, kv)?,
-                    wv: ld.matrix(&n("attn_v.weight"), d, kv)?,
-                    wo: ld.matrix(&n("attn_output.weight"), q, d)?,
-                    bq: if biased { Some(ld.vector(&n("attn_q.bias"), q)?) } else { ld.opt_vector(&n("attn_q.bias"), q)? },
-                    bk: if biased { Some(ld.vector(&n("attn_k.bias"), kv)?) } else { ld.opt_vector(&n("attn_k.bias"), kv)? },
-                    bv: if biased { Some(ld.vector(&n("attn_v.bias"), kv)?) } else { ld.opt_vector(&n("attn_v.bias"), kv)? },
+                    wq: ld.weight(&n("attn_q.weight"), d, q)?,
+                    wk: ld.weight(&n("attn_k.weight"), d, kv)?,
+                    wv: ld.weight(&n("attn_v.weight"), d, kv)?,
+                    wo: ld.weight(&n("attn_output.weight"), q, d)?,
+                    bq: bias("attn_q.bias", q)?,
+                    bk: bias("attn_k.bias", kv)?,
+                    bv: bias("attn_v.bias", kv)?,
                     q_norm: if qk_norm { Some(ld.vector(&n("attn_q_norm.weight"), cfg.head_dim)?) } else { None },
                     k_norm: if qk_norm { Some(ld.vector(&n("attn_k_norm.weight"), cfg.head_dim)?) } else { None },
                     ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
-                    w_gate: ld.matrix(&n("ffn_gate.weight"), d, ff)?,
-                    w_up: ld.matrix(&n("ffn_up.weight"), d, ff)?,
-                    w_down: ld.matrix(&n("ffn_down.weight"), ff, d)?,
+                    w_gate: ld.weight(&n("ffn_gate.weight"), d, ff)?,
+                    w_up: ld.weight(&n("ffn_up.weight"), d, ff)?,
+                    w_down: ld.weight(&n("ffn_down.weight"), ff, d)?,
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;

@@ -4,16 +4,30 @@
 //! activation row `r`, on the kernel path chosen by [`crate::cpu`]. Every path returns
 //! exactly the scalar reference's bits ([`crate::quant::vec_dot`]), so a result never
 //! depends on the CPU, the batch or the thread split.
+//!
+//! Weights come either row-major, as in the file, or repacked by [`prepare`] into the
+//! interleaved layout of [`pack`] that the SIMD kernels of the 32-element formats read.
+
+pub mod pack;
+#[cfg(target_arch = "x86_64")]
+mod x86_fam32;
 
 use std::ops::Range;
 
 use blink_gguf::GgmlType;
 
 use crate::cpu::Isa;
-use crate::quant;
+use crate::quant::{self, DotAcc};
+use pack::{Fields, GROUP};
 
-#[cfg(target_arch = "x86_64")]
-mod x86_fam32;
+/// How a weight matrix is laid out in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// As in the GGUF file: each row's blocks in order.
+    RowMajor,
+    /// Groups of eight rows interleaved per block ([`pack`]).
+    Packed,
+}
 
 /// Where results go: element `(r, i)` is `ptr[r * ld + i]`, written or added.
 #[derive(Clone, Copy)]
@@ -23,34 +37,59 @@ pub struct Out {
     pub accumulate: bool,
 }
 
+/// The layout `isa`'s kernels want for `ty`, and the repacked bytes if that is not the
+/// file's row-major layout.
+pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8>> {
+    match isa {
+        Isa::Avx2 | Isa::Avx512Vnni => pack::pack(ty, rows, cols, src),
+        Isa::Scalar | Isa::Neon => None,
+    }
+}
+
+/// Rows a thread's share of a matrix must be aligned to (packed groups never split).
+pub const ROW_ALIGN: usize = GROUP;
+
 /// `out[r][i] (+)= w_i · a_r` for weight rows `i` in `rows` and activation rows `r` in
-/// `0..n_act`. `w` holds the matrix row-major (`cols` elements of `ty` per row); `act` holds
-/// `n_act` rows quantized to `vec_dot_type(ty)`, `act_stride` bytes apart.
+/// `0..n_act`. `w` holds the matrix in `layout` (`cols` elements of `ty` per row); `act`
+/// holds `n_act` rows quantized to `vec_dot_type(ty)`, `act_stride` bytes apart. With a
+/// packed layout, `rows` must start on a multiple of [`ROW_ALIGN`].
 ///
 /// # Safety
 /// `out.ptr` must be valid for writes at every `(r, i)` above, and no other thread may
 /// touch those elements during the call.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm(isa: Isa, ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+pub unsafe fn gemm(isa: Isa, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     if rows.is_empty() || n_act == 0 {
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        let done = match isa {
-            Isa::Avx512Vnni => x86_fam32::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, out),
-            Isa::Avx2 => x86_fam32::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out),
-            _ => false,
-        };
-        if done {
-            return;
+    if layout == Layout::Packed {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let done = match isa {
+                Isa::Avx512Vnni => x86_fam32::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, out),
+                Isa::Avx2 => x86_fam32::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out),
+                _ => false,
+            };
+            if done {
+                return;
+            }
         }
+        return scalar_packed(ty, cols, w, rows, act, act_stride, n_act, out);
     }
-    let _ = isa;
     scalar(ty, cols, w, rows, act, act_stride, n_act, out);
 }
 
-/// The reference: one `vec_dot` per output.
+#[inline]
+unsafe fn store(out: Out, r: usize, i: usize, v: f32) {
+    let o = out.ptr.add(r * out.ld + i);
+    if out.accumulate {
+        *o += v;
+    } else {
+        *o = v;
+    }
+}
+
+/// The reference over row-major weights: one `vec_dot` per output.
 #[allow(clippy::too_many_arguments)]
 unsafe fn scalar(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     let rb = ty.row_bytes(cols as u64).expect("whole blocks") as usize;
@@ -58,13 +97,39 @@ unsafe fn scalar(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &
     for i in rows {
         let wrow = &w[i * rb..(i + 1) * rb];
         for r in 0..n_act {
-            let v = quant::vec_dot(ty, cols, wrow, &act[r * act_stride..r * act_stride + ab]);
-            let o = out.ptr.add(r * out.ld + i);
-            if out.accumulate {
-                *o += v;
-            } else {
-                *o = v;
+            store(out, r, i, quant::vec_dot(ty, cols, wrow, &act[r * act_stride..r * act_stride + ab]));
+        }
+    }
+}
+
+/// The reference over packed weights: each block is put back together, then accumulated
+/// exactly as `vec_dot` does.
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar_packed(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+    let f = Fields::of(ty).expect("packed layout of a packable type");
+    let (m_at, qh_at, qs_at) = f.packed_offsets();
+    let act_ty = quant::vec_dot_type(ty);
+    let n_blocks = cols / 32;
+    let group_block = GROUP * f.block;
+    let mut block = [0u8; 34];
+    for i in rows {
+        let (g, k) = (i / GROUP, i % GROUP);
+        for r in 0..n_act {
+            let mut acc = DotAcc::default();
+            for b in 0..n_blocks {
+                let gb = &w[(g * n_blocks + b) * group_block..][..group_block];
+                block[..2].copy_from_slice(&gb[2 * k..2 * k + 2]);
+                if let Some(m) = f.m {
+                    block[m..m + 2].copy_from_slice(&gb[m_at + 2 * k..m_at + 2 * k + 2]);
+                }
+                if let Some(qh) = f.qh {
+                    block[qh..qh + 4].copy_from_slice(&gb[qh_at + 4 * k..qh_at + 4 * k + 4]);
+                }
+                block[f.qs..f.qs + f.qs_len].copy_from_slice(&gb[qs_at + f.qs_len * k..qs_at + f.qs_len * (k + 1)]);
+                let a = &act[r * act_stride + b * act_ty.type_size()..][..act_ty.type_size()];
+                quant::accumulate_block(ty, &block[..f.block], a, &mut acc);
             }
+            store(out, r, i, acc.finish());
         }
     }
 }

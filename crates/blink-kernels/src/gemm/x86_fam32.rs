@@ -1,11 +1,12 @@
 //! AVX2 / AVX-512-VNNI kernels for the 32-element formats (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`,
-//! `Q8_0`) against their 8-bit activations.
+//! `Q8_0`) against their 8-bit activations, over the interleaved layout of [`super::pack`].
 //!
 //! Each block's 32 products reduce to eight exact `i32` lanes of four (VNNI `dpbusd`, or
 //! `maddubs` + `madd` on plain AVX2), which are converted and accumulated with one FMA per
 //! block into a per-output 8-lane accumulator: exactly the order of [`DotAcc`], so results
-//! are bit-identical to the scalar reference. A tile of up to 4 weight rows × 4 activation
-//! rows shares every unpacked weight block and every activation load.
+//! are bit-identical to the scalar reference. A tile is one group of eight weight rows ×
+//! up to `RA` activation rows; the eight scales (and minima) of a group-block are loaded
+//! and converted together.
 //!
 //! [`DotAcc`]: crate::quant::DotAcc
 
@@ -14,36 +15,23 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::pack::{Fields, GROUP};
 use super::Out;
 use crate::quant::reduce::hsum8;
 
-/// One 32-element weight format, as the kernel sees it.
+/// How a format's quants become 32 unsigned bytes, and how its activations look.
 pub(super) trait Fam32 {
-    /// Bytes per weight block.
-    const BYTES: usize;
+    const FIELDS: Fields;
     /// Bytes per activation block (`Q8_0`: 34, `Q8_1`: 36); quants start at `ACT_QS`.
     const ACT_BYTES: usize;
     const ACT_QS: usize;
-    /// Weights are stored as `q + OFFSET` in unsigned bytes; the kernel subtracts
-    /// `OFFSET · Σa` per lane. Zero for the unsigned formats.
+    /// Quants are unpacked as `q + OFFSET` (unsigned); the kernel subtracts `OFFSET · Σa`.
     const OFFSET: i32;
-    /// Whether the block has a minimum `m` (adds `m · s_a` to the tail).
-    const HAS_MIN: bool;
-    /// Whether every unsigned quant is below 128 (cheaper products on plain AVX2).
+    /// Whether every unpacked quant is below 128 (cheaper products on plain AVX2).
     const SMALL: bool = true;
 
-    /// The 32 quants as unsigned bytes (`q + OFFSET`), element `k` in byte `k`.
-    unsafe fn unpack(block: *const u8) -> __m256i;
-    /// Scale.
-    unsafe fn d(block: *const u8) -> f32;
-    /// Minimum (only called when `HAS_MIN`).
-    unsafe fn m(block: *const u8) -> f32;
-}
-
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = u16::from_le_bytes([*p, *p.add(1)]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    /// The 32 quants of one row as unsigned bytes, element `k` in byte `k`.
+    unsafe fn unpack(qs: *const u8, qh: *const u8) -> __m256i;
 }
 
 /// Low nibbles of 16 bytes into bytes 0..16, high nibbles into bytes 16..32.
@@ -59,8 +47,7 @@ unsafe fn nibbles(qs: *const u8) -> __m256i {
 /// Bit `k` of the 32-bit word at `qh` as value 16 in byte `k`.
 #[inline(always)]
 unsafe fn fifth_bits(qh: *const u8) -> __m256i {
-    let bits = u32::from_le_bytes([*qh, *qh.add(1), *qh.add(2), *qh.add(3)]) as i32;
-    // Byte k takes word byte k/8, then tests bit k%8.
+    let bits = (qh as *const i32).read_unaligned();
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(bits),
         _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
@@ -76,113 +63,41 @@ pub(super) struct Q5_0;
 pub(super) struct Q5_1;
 pub(super) struct Q8_0;
 
-impl Fam32 for Q4_0 {
-    const BYTES: usize = 18;
-    const ACT_BYTES: usize = 34;
-    const ACT_QS: usize = 2;
-    const OFFSET: i32 = 8;
-    const HAS_MIN: bool = false;
-    #[inline(always)]
-    unsafe fn unpack(b: *const u8) -> __m256i {
-        nibbles(b.add(2))
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> f32 {
-        f16_at(b)
-    }
-    #[inline(always)]
-    unsafe fn m(_: *const u8) -> f32 {
-        0.0
-    }
+macro_rules! fam32 {
+    ($t:ident, $ty:ident, $act_bytes:expr, $act_qs:expr, $offset:expr, $small:expr, |$qs:ident, $qh:ident| $unpack:expr) => {
+        impl Fam32 for $t {
+            const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::$ty) {
+                Some(f) => f,
+                None => panic!("not a packable type"),
+            };
+            const ACT_BYTES: usize = $act_bytes;
+            const ACT_QS: usize = $act_qs;
+            const OFFSET: i32 = $offset;
+            const SMALL: bool = $small;
+            #[inline(always)]
+            unsafe fn unpack($qs: *const u8, $qh: *const u8) -> __m256i {
+                $unpack
+            }
+        }
+    };
 }
 
-impl Fam32 for Q4_1 {
-    const BYTES: usize = 20;
-    const ACT_BYTES: usize = 36;
-    const ACT_QS: usize = 4;
-    const OFFSET: i32 = 0;
-    const HAS_MIN: bool = true;
-    #[inline(always)]
-    unsafe fn unpack(b: *const u8) -> __m256i {
-        nibbles(b.add(4))
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> f32 {
-        f16_at(b)
-    }
-    #[inline(always)]
-    unsafe fn m(b: *const u8) -> f32 {
-        f16_at(b.add(2))
-    }
-}
-
-impl Fam32 for Q5_0 {
-    const BYTES: usize = 22;
-    const ACT_BYTES: usize = 34;
-    const ACT_QS: usize = 2;
-    const OFFSET: i32 = 16;
-    const HAS_MIN: bool = false;
-    #[inline(always)]
-    unsafe fn unpack(b: *const u8) -> __m256i {
-        _mm256_or_si256(nibbles(b.add(6)), fifth_bits(b.add(2)))
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> f32 {
-        f16_at(b)
-    }
-    #[inline(always)]
-    unsafe fn m(_: *const u8) -> f32 {
-        0.0
-    }
-}
-
-impl Fam32 for Q5_1 {
-    const BYTES: usize = 24;
-    const ACT_BYTES: usize = 36;
-    const ACT_QS: usize = 4;
-    const OFFSET: i32 = 0;
-    const HAS_MIN: bool = true;
-    #[inline(always)]
-    unsafe fn unpack(b: *const u8) -> __m256i {
-        _mm256_or_si256(nibbles(b.add(8)), fifth_bits(b.add(4)))
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> f32 {
-        f16_at(b)
-    }
-    #[inline(always)]
-    unsafe fn m(b: *const u8) -> f32 {
-        f16_at(b.add(2))
-    }
-}
-
-impl Fam32 for Q8_0 {
-    const BYTES: usize = 34;
-    const ACT_BYTES: usize = 34;
-    const ACT_QS: usize = 2;
-    const OFFSET: i32 = 128;
-    const HAS_MIN: bool = false;
-    const SMALL: bool = false;
-    #[inline(always)]
-    unsafe fn unpack(b: *const u8) -> __m256i {
-        // q + 128 as an unsigned byte is q with its sign bit flipped.
-        _mm256_xor_si256(_mm256_loadu_si256(b.add(2) as *const __m256i), _mm256_set1_epi8(-128))
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> f32 {
-        f16_at(b)
-    }
-    #[inline(always)]
-    unsafe fn m(_: *const u8) -> f32 {
-        0.0
-    }
-}
+fam32!(Q4_0, Q4_0, 34, 2, 8, true, |qs, _qh| nibbles(qs));
+fam32!(Q4_1, Q4_1, 36, 4, 0, true, |qs, _qh| nibbles(qs));
+fam32!(Q5_0, Q5_0, 34, 2, 16, true, |qs, qh| _mm256_or_si256(nibbles(qs), fifth_bits(qh)));
+fam32!(Q5_1, Q5_1, 36, 4, 0, true, |qs, qh| _mm256_or_si256(nibbles(qs), fifth_bits(qh)));
+// q + 128 as an unsigned byte is q with its sign bit flipped.
+fam32!(Q8_0, Q8_0, 34, 2, 128, false, |qs, _qh| _mm256_xor_si256(
+    _mm256_loadu_si256(qs as *const __m256i),
+    _mm256_set1_epi8(-128)
+));
 
 /// Lane sums of unsigned × signed bytes: lane `l` = Σ u[k]·s[k] for k in 4l..4l+4.
 pub(super) trait DotU8I8 {
     /// Any unsigned values.
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
     /// Unsigned values below 128.
+    #[inline(always)]
     unsafe fn dot_small(u: __m256i, s: __m256i) -> __m256i {
         Self::dot(u, s)
     }
@@ -190,9 +105,7 @@ pub(super) trait DotU8I8 {
 
 /// VNNI `vpdpbusd`: exact, no saturation.
 pub(super) struct Vnni;
-/// `vpmaddubsw` + `vpmaddwd`: exact while each pair of products fits in `i16`, which holds
-/// for the 4/5-bit formats; `Q8_0` (unsigned values up to 255) goes through [`Avx2`]'s
-/// split in [`dot_q8`].
+/// `vpmaddubsw` + `vpmaddwd`: exact for values below 128; larger ones are split.
 pub(super) struct Avx2;
 
 impl DotU8I8 for Vnni {
@@ -210,77 +123,80 @@ impl DotU8I8 for Avx2 {
 
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
-        // Split u into its low 7 bits and its top bit so no i16 pair sum can saturate:
-        // Σ u·s = Σ (u & 127)·s + 128 · Σ (u >> 7)·s.
+        // Σ u·s = Σ (u & 127)·s + 128 · Σ (u >> 7)·s, so no i16 pair sum can saturate.
         let low = _mm256_and_si256(u, _mm256_set1_epi8(0x7f));
         let top = _mm256_and_si256(_mm256_srli_epi16(u, 7), _mm256_set1_epi8(1));
-        let ones = _mm256_set1_epi16(1);
-        let a = _mm256_madd_epi16(_mm256_maddubs_epi16(low, s), ones);
-        let b = _mm256_madd_epi16(_mm256_maddubs_epi16(top, s), ones);
-        _mm256_add_epi32(a, _mm256_slli_epi32(b, 7))
+        _mm256_add_epi32(Self::dot_small(low, s), _mm256_slli_epi32(Self::dot_small(top, s), 7))
     }
 }
 
-/// Sum of a row of 8 `f32` lanes in [`hsum8`] order.
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let mut l = [0f32; 8];
-    _mm256_storeu_ps(l.as_mut_ptr(), v);
-    hsum8(&l)
+unsafe fn f16_at(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)))
 }
 
-/// One tile: `RW` weight rows starting at `w` × `RA` activation rows starting at `a`.
+/// Eight f16 values at `p` as f32.
 #[inline(always)]
-unsafe fn tile<F: Fam32, D: DotU8I8, const RW: usize, const RA: usize>(
+unsafe fn f16x8(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// One tile: the `GROUP` rows of a packed group × `RA` activation rows. Writes rows
+/// `0..live` of the group.
+#[inline(always)]
+unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     n_blocks: usize,
     w: *const u8,
-    w_stride: usize,
     a: *const u8,
     a_stride: usize,
     out: *mut f32,
     ld: usize,
     accumulate: bool,
+    live: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); RA]; RW];
-    let mut tail = [[0f32; RA]; RW];
+    let fields = F::FIELDS;
+    let (m_at, qh_at, qs_at) = fields.packed_offsets();
+    let group_block = GROUP * fields.block;
+    let has_min = fields.m.is_some();
+    let mut acc = [[_mm256_setzero_ps(); GROUP]; RA];
+    let mut tail = [_mm256_setzero_ps(); RA];
     let ones = _mm256_set1_epi8(1);
+    let lane: [__m256i; GROUP] = std::array::from_fn(|i| _mm256_set1_epi32(i as i32));
     for b in 0..n_blocks {
-        let mut wq = [_mm256_setzero_si256(); RW];
-        let mut dw = [0f32; RW];
-        let mut mw = [0f32; RW];
-        for i in 0..RW {
-            let blk = w.add(i * w_stride + b * F::BYTES);
-            wq[i] = F::unpack(blk);
-            dw[i] = F::d(blk);
-            if F::HAS_MIN {
-                mw[i] = F::m(blk);
-            }
-        }
+        let gb = w.add(b * group_block);
+        let dw = f16x8(gb);
+        let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
+        let wq: [__m256i; GROUP] = std::array::from_fn(|i| F::unpack(gb.add(qs_at + i * fields.qs_len), gb.add(qh_at + 4 * i)));
         for j in 0..RA {
             let ab = a.add(j * a_stride + b * F::ACT_BYTES);
             let aq = _mm256_loadu_si256(ab.add(F::ACT_QS) as *const __m256i);
-            let da = f16_at(ab);
+            let scales = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(ab)));
+            if has_min {
+                tail[j] = _mm256_add_ps(tail[j], _mm256_mul_ps(mw, _mm256_set1_ps(f16_at(ab.add(2)))));
+            }
             let offset = if F::OFFSET != 0 {
                 // OFFSET is a power of two: shift Σa per lane.
                 _mm256_sllv_epi32(D::dot_small(ones, aq), _mm256_set1_epi32(F::OFFSET.trailing_zeros() as i32))
             } else {
                 _mm256_setzero_si256()
             };
-            for i in 0..RW {
-                if F::HAS_MIN {
-                    tail[i][j] += mw[i] * f16_at(ab.add(2));
-                }
+            for i in 0..GROUP {
                 let mut lanes = if F::SMALL { D::dot_small(wq[i], aq) } else { D::dot(wq[i], aq) };
                 if F::OFFSET != 0 {
                     lanes = _mm256_sub_epi32(lanes, offset);
                 }
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * da), _mm256_cvtepi32_ps(lanes), acc[i][j]);
+                let scale = _mm256_permutevar8x32_ps(scales, lane[i]);
+                acc[j][i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[j][i]);
             }
         }
     }
-    for i in 0..RW {
-        for j in 0..RA {
-            let v = hsum(acc[i][j]) + tail[i][j];
+    for j in 0..RA {
+        let mut tails = [0f32; GROUP];
+        _mm256_storeu_ps(tails.as_mut_ptr(), tail[j]);
+        for i in 0..live {
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), acc[j][i]);
+            let v = hsum8(&l) + tails[i];
             let o = out.add(j * ld + i);
             if accumulate {
                 *o += v;
@@ -291,64 +207,59 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RW: usize, const RA: usize>(
     }
 }
 
-/// `out[r][i] (+)= w_i · a_r` for `i` in `rows`, `r` in `0..n_act`, tiled 4 × 4.
+/// `out[r][i] (+)= w_i · a_r` for `i` in `rows` (which must start on a group boundary),
+/// `r` in `0..n_act`; `w` is the packed matrix.
 #[inline(always)]
 unsafe fn gemm<F: Fam32, D: DotU8I8>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+    assert!(rows.start % GROUP == 0, "row ranges of packed matrices start on a group");
     let n_blocks = cols / 32;
-    let w_stride = n_blocks * F::BYTES;
-    assert!(w.len() >= rows.end * w_stride, "weights shorter than their rows");
-    assert!(n_act == 0 || act.len() >= (n_act - 1) * act_stride + n_blocks * F::ACT_BYTES, "activations too short");
-    let (wp, ap) = (w.as_ptr(), act.as_ptr());
-    let mut i = rows.start;
-    while i < rows.end {
-        let rw = (rows.end - i).min(4);
+    let group_bytes = n_blocks * GROUP * F::FIELDS.block;
+    assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
+    assert!(act.len() >= (n_act - 1) * act_stride + n_blocks * F::ACT_BYTES, "activations too short");
+    for g in (rows.start..rows.end).step_by(GROUP) {
+        let live = (rows.end - g).min(GROUP);
+        let wg = w.as_ptr().add(g / GROUP * group_bytes);
         let mut j = 0;
         while j < n_act {
-            let ra = if n_act - j >= 4 { 4 } else { 1 };
-            let (wt, at, ot) = (wp.add(i * w_stride), ap.add(j * act_stride), out.ptr.add(j * out.ld + i));
-            macro_rules! run {
-                ($rw:literal, $ra:literal) => {
-                    tile::<F, D, $rw, $ra>(n_blocks, wt, w_stride, at, act_stride, ot, out.ld, out.accumulate)
-                };
-            }
-            match (rw, ra) {
-                (4, 4) => run!(4, 4),
-                (4, _) => run!(4, 1),
-                (_, 4) => run!(1, 4),
-                _ => run!(1, 1),
-            }
+            let (at, ot) = (act.as_ptr().add(j * act_stride), out.ptr.add(j * out.ld + g));
+            let left = n_act - j;
+            let ra = match left {
+                1 => {
+                    tile::<F, D, 1>(n_blocks, wg, at, act_stride, ot, out.ld, out.accumulate, live);
+                    1
+                }
+                2 => {
+                    tile::<F, D, 2>(n_blocks, wg, at, act_stride, ot, out.ld, out.accumulate, live);
+                    2
+                }
+                _ => {
+                    tile::<F, D, 3>(n_blocks, wg, at, act_stride, ot, out.ld, out.accumulate, live);
+                    3
+                }
+            };
             j += ra;
         }
-        i += if rw == 4 { 4 } else { 1 };
     }
 }
 
-/// Dispatch for the AVX-512-VNNI path.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn gemm_vnni(ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
-    use blink_gguf::GgmlType as T;
-    match ty {
-        T::Q4_0 => gemm::<Q4_0, Vnni>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q4_1 => gemm::<Q4_1, Vnni>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q5_0 => gemm::<Q5_0, Vnni>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q5_1 => gemm::<Q5_1, Vnni>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q8_0 => gemm::<Q8_0, Vnni>(cols, w, rows, act, act_stride, n_act, out),
-        _ => return false,
-    }
-    true
+macro_rules! dispatch {
+    ($name:ident, $dot:ty, $features:literal) => {
+        /// Run the packed kernel for `ty`; false if `ty` has none.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name(ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+            use blink_gguf::GgmlType as T;
+            match ty {
+                T::Q4_0 => gemm::<Q4_0, $dot>(cols, w, rows, act, act_stride, n_act, out),
+                T::Q4_1 => gemm::<Q4_1, $dot>(cols, w, rows, act, act_stride, n_act, out),
+                T::Q5_0 => gemm::<Q5_0, $dot>(cols, w, rows, act, act_stride, n_act, out),
+                T::Q5_1 => gemm::<Q5_1, $dot>(cols, w, rows, act, act_stride, n_act, out),
+                T::Q8_0 => gemm::<Q8_0, $dot>(cols, w, rows, act, act_stride, n_act, out),
+                _ => return false,
+            }
+            true
+        }
+    };
 }
 
-/// Dispatch for the AVX2 path.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm_avx2(ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
-    use blink_gguf::GgmlType as T;
-    match ty {
-        T::Q4_0 => gemm::<Q4_0, Avx2>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q4_1 => gemm::<Q4_1, Avx2>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q5_0 => gemm::<Q5_0, Avx2>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q5_1 => gemm::<Q5_1, Avx2>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q8_0 => gemm::<Q8_0, Avx2>(cols, w, rows, act, act_stride, n_act, out),
-        _ => return false,
-    }
-    true
-}
+dispatch!(gemm_vnni, Vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+dispatch!(gemm_avx2, Avx2, "avx2,fma,f16c");

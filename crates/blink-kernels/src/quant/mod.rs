@@ -198,6 +198,30 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     }
 }
 
+/// Add one block's contribution to a dot product: `w` is one block of `ty`, `a` one block
+/// of `vec_dot_type(ty)`. Lets kernels over other layouts reuse the reference numerics.
+pub fn accumulate_block(ty: GgmlType, w: &[u8], a: &[u8], acc: &mut DotAcc) {
+    fn one<B: QuantBlock>(w: &[u8], a: &[u8], acc: &mut DotAcc) {
+        B::read(w).accumulate(&B::Act::read(a), acc);
+    }
+    use GgmlType::*;
+    match ty {
+        Q4_0 => one::<BlockQ4_0>(w, a, acc),
+        Q4_1 => one::<BlockQ4_1>(w, a, acc),
+        Q5_0 => one::<BlockQ5_0>(w, a, acc),
+        Q5_1 => one::<BlockQ5_1>(w, a, acc),
+        Q8_0 => one::<BlockQ8_0>(w, a, acc),
+        Q8_1 => one::<BlockQ8_1>(w, a, acc),
+        Q2_K => one::<BlockQ2K>(w, a, acc),
+        Q3_K => one::<BlockQ3K>(w, a, acc),
+        Q4_K => one::<BlockQ4K>(w, a, acc),
+        Q5_K => one::<BlockQ5K>(w, a, acc),
+        Q6_K => one::<BlockQ6K>(w, a, acc),
+        Q8_K => one::<BlockQ8K>(w, a, acc),
+        F32 | F16 | BF16 => panic!("accumulate_block is for block-quantized types, not {ty}"),
+    }
+}
+
 /// Quantize `f32` weights into `ty` with ggml's reference quantizers (`quantize_row_*_ref`:
 /// round to nearest, no importance matrix — what `llama-quantize` writes without
 /// `--imatrix`). Supports every [`GgmlType`]; writes `ty.row_bytes(src.len())` bytes to the

@@ -205,13 +205,13 @@ impl<'a, T: KvElem> Pass<'a, T> {
 
     /// `out[r][i] (+)= m[i] · act[r]` for this thread's share of output features `i`.
     fn matmul(&self, w: &Worker, m: &Matrix, count: usize, out: &Buf, mode: Write) {
-        let rows = w.share(m.rows, 16);
+        let rows = w.share(m.rows, gemm::ROW_ALIGN);
         // SAFETY: act is read-only in this phase (written before the last barrier); this
         // thread alone writes columns `rows` of `out`, which holds `count` rows of `stride`.
         unsafe {
             let act = self.act.slice(0..count * self.act_stride);
             let target = Out { ptr: out.data.as_mut_ptr(), ld: out.stride, accumulate: mode == Write::Add };
-            gemm::gemm(self.isa, m.ty, m.cols, m.bytes(), rows, act, self.act_stride, count, target);
+            gemm::gemm(self.isa, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, target);
         }
     }
 

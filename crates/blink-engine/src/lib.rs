@@ -1,0 +1,37 @@
+//! Blink's engine: what turns a model into answers.
+//!
+//! Owns sampling, stop handling, single-conversation sessions (`run`, `chat`) and
+//! evaluation (perplexity). It drives `blink-model`'s forward pass and never touches
+//! kernels or file formats directly.
+
+pub mod perplexity;
+pub mod rng;
+pub mod sampling;
+pub mod session;
+pub mod stop;
+
+use blink_model::kv_cache::KvError;
+use blink_model::ForwardError;
+use thiserror::Error;
+
+pub use sampling::{Sampler, SamplingParams};
+pub use session::{FinishReason, GenerateParams, Generation, Session, SessionConfig};
+
+/// Why a request could not be served. Messages are one line, fit for users.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {tokens} tokens but the context size is {n_ctx}; use a larger --ctx-size or a shorter prompt")]
+    PromptTooLong { tokens: usize, n_ctx: usize },
+    #[error("the context of {n_ctx} tokens is full")]
+    ContextFull { n_ctx: usize },
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    BadToken { token: u32, vocab: usize },
+    #[error("invalid parameter: {0}")]
+    BadParams(String),
+    #[error(transparent)]
+    Forward(ForwardError),
+    #[error(transparent)]
+    Kv(#[from] KvError),
+}

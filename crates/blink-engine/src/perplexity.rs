@@ -1,0 +1,87 @@
+//! Perplexity, computed the way llama.cpp's `llama-perplexity` does so figures compare.
+//!
+//! The text's tokens are cut into `n_chunks = n_tokens / ctx` chunks of `ctx` tokens, each
+//! evaluated from an empty cache; only the second half of each chunk is scored (token
+//! `j + 1` from the logits at `j`, for `j` in `ctx/2 .. ctx-1`), and
+//! PPL = exp(mean negative log-likelihood).
+
+use blink_kernels::pool::ThreadPool;
+use blink_model::{KvType, Model, Scratch, StepRow};
+
+use crate::sampling::log_softmax_at;
+use crate::EngineError;
+
+/// The running and final result.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Perplexity {
+    pub ppl: f64,
+    /// Standard error of the PPL estimate (llama.cpp's formula).
+    pub stderr: f64,
+    pub chunks: usize,
+    pub scored_tokens: usize,
+}
+
+/// Options of a perplexity run.
+#[derive(Clone, Debug)]
+pub struct PerplexityConfig {
+    pub ctx: usize,
+    /// Rows per forward step.
+    pub n_batch: usize,
+    pub n_threads: usize,
+    pub kv_type: KvType,
+    /// Evaluate at most this many chunks (`None`: all).
+    pub max_chunks: Option<usize>,
+}
+
+/// Compute the perplexity of `tokens`; `on_chunk` sees the running estimate after each chunk.
+pub fn perplexity(
+    model: &Model,
+    tokens: &[u32],
+    cfg: &PerplexityConfig,
+    on_chunk: &mut dyn FnMut(usize, f64),
+) -> Result<Perplexity, EngineError> {
+    let ctx = cfg.ctx;
+    if ctx < 4 {
+        return Err(EngineError::BadParams(format!("context size {ctx} is too small for perplexity")));
+    }
+    if tokens.len() < 2 * ctx {
+        return Err(EngineError::BadParams(format!(
+            "need at least {} tokens (2 × context) for perplexity, the text has {}",
+            2 * ctx,
+            tokens.len()
+        )));
+    }
+    let n_chunks = (tokens.len() / ctx).min(cfg.max_chunks.unwrap_or(usize::MAX));
+    let n_batch = cfg.n_batch.clamp(1, ctx);
+    let first = ctx / 2;
+    let pool = ThreadPool::new(cfg.n_threads);
+    let mut scratch = Scratch::new(model, n_batch, n_batch, ctx, cfg.n_threads);
+    let mut kv = model.new_kv_cache(ctx, cfg.kv_type);
+    let mut rows = Vec::with_capacity(n_batch);
+    let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
+
+    for chunk in 0..n_chunks {
+        let toks = &tokens[chunk * ctx..(chunk + 1) * ctx];
+        let seq = kv.new_seq();
+        for start in (0..ctx).step_by(n_batch) {
+            let end = (start + n_batch).min(ctx);
+            rows.clear();
+            rows.extend((start..end).map(|pos| StepRow { token: toks[pos], pos, seq, logits: pos >= first && pos + 1 < ctx }));
+            model.forward(&pool, &mut kv, &rows, &mut scratch).map_err(EngineError::Forward)?;
+            for (i, pos) in (start..end).filter(|&p| p >= first && p + 1 < ctx).enumerate() {
+                let v = -log_softmax_at(scratch.logits(i), toks[pos + 1] as usize);
+                nll += v;
+                nll2 += v * v;
+                count += 1;
+            }
+        }
+        kv.free_seq(seq);
+        on_chunk(chunk + 1, (nll / count as f64).exp());
+    }
+
+    let mean = nll / count as f64;
+    let var = nll2 / count as f64 - mean * mean;
+    let ppl = mean.exp();
+    let stderr = if var > 0.0 && count > 1 { (var / (count - 1) as f64).sqrt() * ppl } else { 0.0 };
+    Ok(Perplexity { ppl, stderr, chunks: n_chunks, scored_tokens: count })
+}

@@ -1,0 +1,164 @@
+//! Chat templates: the default model's template against llama.cpp's rendered prompts, and
+//! Llama 3 / ChatML style templates written here.
+
+use std::path::PathBuf;
+
+use blink_gguf::GgufFile;
+use blink_model::chat_template::{ChatMessage, ChatTemplate, TemplateError};
+use serde_json::Value;
+
+fn model_path() -> PathBuf {
+    match std::env::var_os("BLINK_MODEL").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => blink_model::fetch::ensure_default_model().expect("fetching the default model"),
+    }
+}
+
+fn golden_dir() -> PathBuf {
+    match std::env::var_os("BLINK_GOLDEN_DIR").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden"),
+    }
+}
+
+fn msg(role: &str, content: &str) -> ChatMessage {
+    ChatMessage::new(role, content)
+}
+
+#[test]
+fn smollm2_template_matches_llama_cpp() {
+    let file = GgufFile::open(model_path()).expect("default model");
+    let tmpl = ChatTemplate::from_gguf(&file).expect("template metadata").expect("SmolLM2 has a template");
+    assert_eq!(tmpl.bos_token(), "<|im_start|>");
+    assert_eq!(tmpl.eos_token(), "<|im_end|>");
+    let path = golden_dir().join("smollm2-135m-instruct-q4_1.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("golden file")).expect("JSON");
+    let chats = golden["chat"].as_array().expect("chat[]");
+    assert_eq!(chats.len(), 2);
+    for case in chats {
+        let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).expect("messages");
+        let want = case["rendered_prompt"].as_str().expect("rendered_prompt");
+        assert_eq!(tmpl.render(&messages, true).expect("render"), want);
+    }
+}
+
+const LLAMA3: &str = "{{- bos_token }}\n\
+{%- if messages[0]['role'] == 'system' %}\n\
+    {%- set system_message = messages[0]['content']|trim %}\n\
+    {%- set messages = messages[1:] %}\n\
+{%- else %}\n\
+    {%- set system_message = \"Today Date: \" + strftime_now(\"%d %b %Y\") %}\n\
+{%- endif %}\n\
+{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n\
+{{- system_message }}\n\
+{{- \"<|eot_id|>\" }}\n\
+{%- for message in messages %}\n\
+    {%- if message.role not in ['user', 'assistant'] %}\n\
+        {{- raise_exception('Unknown role: ' + message.role) }}\n\
+    {%- endif %}\n\
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}\n\
+{%- endfor %}\n\
+{%- if add_generation_prompt %}\n\
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n\
+{%- endif %}\n";
+
+#[test]
+fn llama3_style_template() {
+    let tmpl = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+    let out = tmpl.render(&[msg("system", " Be brief. "), msg("user", "Hi!\n")], true).unwrap();
+    assert_eq!(
+        out,
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    // Without a system message, today's date goes in (strftime_now).
+    let out = tmpl.render(&[msg("user", "Hi")], false).unwrap();
+    assert!(out.starts_with("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nToday Date: "), "{out}");
+    assert!(out.ends_with("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"), "{out}");
+    // A tokenizer that adds BOS itself gets the prompt without it, as in llama.cpp.
+    let tmpl = tmpl.strip_special(true, false);
+    assert!(tmpl.render(&[msg("user", "Hi")], true).unwrap().starts_with("<|start_header_id|>system"));
+}
+
+#[test]
+fn raise_exception_is_an_error() {
+    let tmpl = ChatTemplate::new(LLAMA3, "", "").unwrap();
+    match tmpl.render(&[msg("tool", "x")], true) {
+        Err(TemplateError::Raised(m)) => assert_eq!(m, "Unknown role: tool"),
+        other => panic!("expected a raised error, got {other:?}"),
+    }
+    let err = tmpl.render(&[msg("tool", "x")], true).unwrap_err().to_string();
+    assert!(err.contains("Unknown role: tool") && !err.contains('\u{1}'), "{err}");
+}
+
+/// Qwen 2.5 style: default system prompt, Python string methods, whitespace control.
+const CHATML_QWEN: &str = "{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- else %}
+    {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or (message.role == \"assistant\") %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content.strip() + '<|im_end|>' + '\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+";
+
+#[test]
+fn chatml_style_template() {
+    let tmpl = ChatTemplate::new(CHATML_QWEN, "", "<|im_end|>").unwrap();
+    let conv = [msg("user", "  2+2? "), msg("assistant", "4"), msg("user", "And 3+3?")];
+    assert_eq!(
+        tmpl.render(&conv, true).unwrap(),
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n\
+         <|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let chatml = ChatTemplate::chatml();
+    assert_eq!(
+        chatml.render(&[msg("system", "S"), msg("user", "U")], true).unwrap(),
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn block_whitespace_follows_transformers() {
+    // trim_blocks + lstrip_blocks: block tags leave no blank lines or indentation; the final
+    // newline of the template is dropped (keep_trailing_newline = False).
+    let src = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n";
+    let tmpl = ChatTemplate::new(src, "", "").unwrap();
+    assert_eq!(tmpl.render(&[msg("user", "a"), msg("user", "b")], false).unwrap(), "[a]\n[b]\n");
+    let tmpl = ChatTemplate::new("x\n", "", "").unwrap();
+    assert_eq!(tmpl.render(&[], false).unwrap(), "x");
+}
+
+#[test]
+fn python_methods_and_tojson() {
+    let src = "{{ messages[0].content.split(',') | tojson }}|{{ messages[0].content.startswith('a') }}|\
+               {{ messages[0].content.upper() }}|{{ {'k': [1, 2.5, none, true, 'é\"\\n']} | tojson }}|\
+               {{ {'b': 1, 'a': {}} | tojson(indent=2, sort_keys=true) }}";
+    let tmpl = ChatTemplate::new(src, "", "").unwrap();
+    let out = tmpl.render(&[msg("user", "a,b")], false).unwrap();
+    assert_eq!(
+        out,
+        "[\"a\", \"b\"]|True|A,B|{\"k\": [1, 2.5, null, true, \"é\\\"\\n\"]}|{\n  \"a\": {},\n  \"b\": 1\n}"
+    );
+}
+
+#[test]
+fn syntax_errors_are_reported_at_construction() {
+    match ChatTemplate::new("{% for m in messages %}", "", "") {
+        Err(TemplateError::Syntax(m)) => assert!(!m.is_empty()),
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+}
+
+#[test]
+fn templates_are_shareable() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<ChatTemplate>();
+}

@@ -1,0 +1,97 @@
+//! `blink chat`: an interactive conversation on the terminal, streamed token by token.
+//!
+//! Each turn re-renders the whole conversation with the chat template; the session reuses
+//! the cached prefix, so only the new turn is evaluated.
+
+use std::io::{BufRead, Write};
+
+use blink_engine::{GenerateParams, Session, SessionConfig};
+use blink_model::chat_template::ChatMessage;
+
+use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// System message opening the conversation.
+    #[arg(long = "system")]
+    system: Option<String>,
+    /// Most tokens per reply (-1: until the end of the turn or a full context).
+    #[arg(short = 'n', long = "max-tokens", default_value_t = -1, allow_negative_numbers = true)]
+    max_tokens: i64,
+    /// Print speed after each reply.
+    #[arg(long)]
+    verbose: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    compute: ComputeArgs,
+}
+
+pub fn main(args: Args) -> CliResult {
+    let loaded = Loaded::load(&args.model)?;
+    if loaded.template.is_none() {
+        return Err("this model has no chat template; use `blink run --raw` instead".into());
+    }
+    let cfg = SessionConfig {
+        n_ctx: args.compute.ctx(&loaded.model),
+        n_threads: args.compute.threads(),
+        n_batch: args.compute.batch_size,
+        kv_type: args.compute.cache_type,
+    };
+    let mut session = Session::new(&loaded.model, &cfg);
+    let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
+    let params = GenerateParams {
+        max_tokens: usize::try_from(args.max_tokens).ok(),
+        sampling: args.sampling.params(),
+        stop: Vec::new(),
+        ignore_eos: false,
+    };
+    eprintln!("blink chat: {} — type a message, /reset to start over, Ctrl-D to quit", loaded.model.cfg.name);
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let stdout = std::io::stdout();
+    loop {
+        {
+            let mut out = stdout.lock();
+            write!(out, "\n> ")?;
+            out.flush()?;
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let input = line.trim();
+        match input {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages.retain(|m| m.role == "system");
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage::new("user", input));
+        let prompt = chat_prompt(&loaded, &messages)?;
+        if prompt.len() >= cfg.n_ctx {
+            messages.pop();
+            eprintln!("error: the conversation ({} tokens) no longer fits the context of {}; /reset to start over", prompt.len(), cfg.n_ctx);
+            continue;
+        }
+        let mut out = stdout.lock();
+        let g = session.generate(&loaded.tokenizer, &prompt, &params, &mut |t| {
+            let _ = out.write_all(t.as_bytes());
+            let _ = out.flush();
+        })?;
+        writeln!(out)?;
+        drop(out);
+        if args.verbose {
+            eprintln!("[prompt {}; reply {}]", rate(g.prompt_evaluated, g.prompt_time), rate(g.tokens.len(), g.gen_time));
+        }
+        if g.context_full {
+            eprintln!("(the context is full; /reset to start over)");
+        }
+        messages.push(ChatMessage::new("assistant", &g.text));
+    }
+    Ok(())
+}

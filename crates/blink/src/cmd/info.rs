@@ -1,0 +1,96 @@
+//! `blink info`: what a model file holds.
+
+use std::collections::BTreeMap;
+
+use crate::common::{CliResult, Loaded, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Also list every metadata key (long arrays abbreviated).
+    #[arg(long)]
+    metadata: bool,
+}
+
+/// llama.cpp's names for `general.file_type`.
+fn file_type_name(ft: u32) -> &'static str {
+    match ft {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => "unknown",
+    }
+}
+
+pub fn main(args: Args) -> CliResult {
+    let path = args.model.path()?;
+    let loaded = Loaded::load(&args.model)?;
+    let m = &loaded.model;
+    let file = m.file();
+    let cfg = &m.cfg;
+    let tok = &loaded.tokenizer;
+
+    let mut types: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    let mut params = 0u64;
+    for t in file.tensors() {
+        let e = types.entry(t.ty.name()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+        params += t.n_elements();
+    }
+    let types: Vec<String> = types.iter().map(|(k, (n, b))| format!("{k} ×{n} ({:.1} MiB)", *b as f64 / 1048576.0)).collect();
+    let file_type = file.opt_u32("general.file_type")?;
+
+    println!("file:            {} ({:.1} MiB, GGUF v{})", path.display(), file.file_size() as f64 / 1048576.0, file.version());
+    println!("name:            {}", cfg.name);
+    println!("architecture:    {}", cfg.arch.name());
+    if let Some(ft) = file_type {
+        println!("file type:       {} ({ft})", file_type_name(ft));
+    }
+    println!("parameters:      {:.1} M", params as f64 / 1e6);
+    println!("layers:          {}", cfg.n_layers);
+    println!("embedding:       {}", cfg.n_embd);
+    println!("feed-forward:    {}", cfg.n_ff);
+    println!("heads:           {} query, {} key/value, size {}", cfg.n_head, cfg.n_head_kv, cfg.head_dim);
+    println!("context (train): {}", cfg.n_ctx_train);
+    println!(
+        "rope:            {:?} order, {} dims, base {}, scaling {:?}",
+        cfg.rope.order, cfg.rope.n_dims, cfg.rope.freq_base, cfg.rope.scaling
+    );
+    println!("rms norm eps:    {:e}", cfg.norm_eps);
+    println!("tied output:     {}", file.tensor("output.weight").is_none());
+    println!("tensors:         {} — {}", file.tensors().len(), types.join(", "));
+    println!(
+        "tokenizer:       {} ({}), {} tokens, bos {:?}, eos {:?}, add_bos {}, add_eos {}",
+        tok.model_kind(),
+        tok.pre().map_or_else(|| "no pre-tokenizer".to_string(), |p| format!("pre-tokenizer {p}")),
+        tok.vocab_size(),
+        tok.bos(),
+        tok.eos(),
+        tok.add_bos(),
+        tok.add_eos()
+    );
+    println!("chat template:   {}", if loaded.template.is_some() { "yes" } else { "none" });
+    if args.metadata {
+        println!("metadata:");
+        for (k, v) in file.metadata() {
+            println!("  {k} = {v}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! `blink run`: complete one prompt, print only the generated text on stdout.
+
+use std::io::Write;
+
+use blink_engine::{GenerateParams, Session, SessionConfig};
+use blink_model::chat_template::ChatMessage;
+
+use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: String,
+    /// Use the prompt as is, without the chat template; special tokens written in it
+    /// (such as <|im_start|>) are parsed as tokens.
+    #[arg(long)]
+    raw: bool,
+    /// System message (chat-template mode only).
+    #[arg(long = "system")]
+    system: Option<String>,
+    /// Most tokens to generate (-1: until the end of generation or a full context).
+    #[arg(short = 'n', long = "max-tokens", alias = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    max_tokens: i64,
+    /// Stop before this text (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long = "ignore-eos")]
+    ignore_eos: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    compute: ComputeArgs,
+}
+
+pub fn main(args: Args) -> CliResult {
+    let loaded = Loaded::load(&args.model)?;
+    let prompt = if args.raw {
+        loaded.tokenizer.encode(&args.prompt, true, true)
+    } else {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage::new("system", system));
+        }
+        messages.push(ChatMessage::new("user", &args.prompt));
+        chat_prompt(&loaded, &messages)?
+    };
+    let cfg = SessionConfig {
+        n_ctx: args.compute.ctx(&loaded.model),
+        n_threads: args.compute.threads(),
+        n_batch: args.compute.batch_size,
+        kv_type: args.compute.cache_type,
+    };
+    let mut session = Session::new(&loaded.model, &cfg);
+    let params = GenerateParams {
+        max_tokens: usize::try_from(args.max_tokens).ok(),
+        sampling: args.sampling.params(),
+        stop: args.stop.clone(),
+        ignore_eos: args.ignore_eos,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut write_err = None;
+    let generation = session.generate(&loaded.tokenizer, &prompt, &params, &mut |text| {
+        if write_err.is_none() {
+            if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+                write_err = Some(e);
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e.into());
+        }
+    }
+    let _ = writeln!(out);
+    if generation.context_full {
+        eprintln!("blink: stopped: the context of {} tokens is full", cfg.n_ctx);
+    }
+    eprintln!(
+        "blink: prompt {}; generated {}; finish: {}",
+        rate(generation.prompt_evaluated, generation.prompt_time),
+        rate(generation.tokens.len(), generation.gen_time),
+        generation.finish.as_str()
+    );
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! Arguments and loading shared by the subcommands that open a model.
+
+use std::path::PathBuf;
+
+use blink_gguf::GgufFile;
+use blink_model::chat_template::ChatTemplate;
+use blink_model::tokenizer::Tokenizer;
+use blink_model::{KvType, Model};
+use clap::Args;
+
+/// Errors of the CLI: one line each.
+pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Which model to load.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Path to a GGUF model (default: SmolLM2-135M-Instruct Q4_1, fetched on first use).
+    #[arg(short = 'm', long = "model", value_name = "PATH")]
+    pub model: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// The model path, fetching the default model if needed.
+    pub fn path(&self) -> CliResult<PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => Ok(blink_model::fetch::ensure_default_model()?),
+        }
+    }
+
+    /// Open and validate the file (every subcommand validates all of it before use).
+    pub fn open(&self) -> CliResult<GgufFile> {
+        let path = self.path()?;
+        GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()).into())
+    }
+}
+
+/// Compute options.
+#[derive(Args, Clone, Debug)]
+pub struct ComputeArgs {
+    /// Compute threads (default: all available CPUs).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Most prompt tokens evaluated per step.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+    /// KV cache element type: f16 or f32.
+    #[arg(long = "cache-type", default_value = "f16", value_parser = parse_kv_type)]
+    pub cache_type: KvType,
+}
+
+fn parse_kv_type(s: &str) -> Result<KvType, String> {
+    KvType::parse(s).ok_or_else(|| format!("unknown cache type '{s}' (use f16 or f32)"))
+}
+
+impl ComputeArgs {
+    pub fn threads(&self) -> usize {
+        self.threads
+            .filter(|&t| t > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    pub fn ctx(&self, model: &Model) -> usize {
+        self.ctx_size.filter(|&c| c > 0).unwrap_or(model.cfg.n_ctx_train.min(4096))
+    }
+}
+
+/// Everything loaded from a model file.
+pub struct Loaded {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+}
+
+impl Loaded {
+    pub fn load(args: &ModelArgs) -> CliResult<Loaded> {
+        let path = args.path()?;
+        let with_path = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        let file = std::sync::Arc::new(GgufFile::open(&path).map_err(|e| with_path(&e))?);
+        // The architecture first: it is the most basic thing a file can get wrong.
+        let model = Model::from_gguf(file.clone()).map_err(|e| with_path(&e))?;
+        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| with_path(&e))?;
+        let template = ChatTemplate::from_gguf(&file).map_err(|e| with_path(&e))?;
+        Ok(Loaded { model, tokenizer, template })
+    }
+}
+
+/// Sampling options (llama.cpp's flag names).
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature; 0 means greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Random seed (default: a fresh one each run).
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+    /// Keep only the k most likely tokens (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely one (0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise repeats of recent tokens (1: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalties consider.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Subtract this per earlier occurrence of a token.
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Subtract this once if a token occurred before.
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> blink_engine::SamplingParams {
+        blink_engine::SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Render `messages` with the model's chat template and tokenize the result, stripping a
+/// leading BOS text when the tokenizer adds BOS itself (as llama.cpp does).
+pub fn chat_prompt(
+    loaded: &Loaded,
+    messages: &[blink_model::chat_template::ChatMessage],
+) -> CliResult<Vec<u32>> {
+    let template = loaded
+        .template
+        .as_ref()
+        .ok_or("this model has no chat template; use --raw")?;
+    let rendered = template.render(messages, true)?;
+    let tok = &loaded.tokenizer;
+    let mut text = rendered.as_str();
+    if tok.add_bos() {
+        if let Some(bos) = tok.bos().and_then(|b| tok.token_text(b)) {
+            text = text.strip_prefix(bos).unwrap_or(text);
+        }
+    }
+    Ok(tok.encode(text, true, true))
+}
+
+/// Speed summary line for stderr.
+pub fn rate(tokens: usize, time: std::time::Duration) -> String {
+    let ms = time.as_secs_f64() * 1e3;
+    let tps = if ms > 0.0 { tokens as f64 * 1e3 / ms } else { 0.0 };
+    format!("{tokens} tokens in {ms:.1} ms ({tps:.1} tok/s)")
+}

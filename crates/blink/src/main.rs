@@ -1,0 +1,49 @@
+//! `blink`: the command-line front end.
+//!
+//! One binary with llama.cpp-style subcommands. Each subcommand lives in its own module
+//! under `cmd/`; this file only parses arguments and turns errors into one line and a
+//! non-zero exit code.
+
+mod cmd;
+mod common;
+
+use clap::{Parser, Subcommand};
+
+/// Fast LLM inference on the CPUs you already have.
+#[derive(Parser)]
+#[command(name = "blink", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Complete a prompt and print the generated text.
+    Run(cmd::run::Args),
+    /// Chat interactively, streaming the replies.
+    Chat(cmd::chat::Args),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(cmd::tokenize::Args),
+    /// Measure perplexity over a text file (llama.cpp's method).
+    Perplexity(cmd::perplexity::Args),
+    /// Show a model's architecture, hyper-parameters, tensor types and tokenizer.
+    Info(cmd::info::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => cmd::run::main(a),
+        Command::Chat(a) => cmd::chat::main(a),
+        Command::Tokenize(a) => cmd::tokenize::main(a),
+        Command::Perplexity(a) => cmd::perplexity::main(a),
+        Command::Info(a) => cmd::info::main(a),
+    };
+    if let Err(e) = result {
+        // One line, whatever the error chain.
+        let msg = e.to_string().replace('\n', " ");
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,204 @@
+//! Hostile and broken inputs: every one must end in one clear error line and a non-zero
+//! exit code, never a panic.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use blink_gguf::{GgmlType, GgufFile, GgufWriter, Value};
+use support::*;
+
+/// Run every model-loading subcommand on `file` and check for a clean, one-line failure
+/// mentioning `needle`.
+fn rejects(file: &Path, needle: &str) {
+    rejected_by(file, needle, &["info", "tokenize", "run"]);
+}
+
+/// As `rejects`, for the given subcommands only.
+fn rejected_by(file: &Path, needle: &str, commands: &[&str]) {
+    let path = file.to_str().unwrap();
+    for &command in commands {
+        let mut args = vec![command, "-m", path];
+        match command {
+            "tokenize" => args.extend(["-p", "hi"]),
+            "run" => args.extend(["-p", "hi", "-n", "1"]),
+            _ => {}
+        }
+        let out = blink(&args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} succeeded on a bad file");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: exit status {:?}\n{err}", out.status);
+        assert!(!err.contains("panicked"), "{args:?} panicked:\n{err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: expected one error line, got:\n{err}");
+        assert!(lines[0].starts_with("error: "), "{args:?}: {err}");
+        assert!(
+            lines[0].to_lowercase().contains(&needle.to_lowercase()),
+            "{args:?}: error does not mention {needle:?}: {err}"
+        );
+    }
+}
+
+fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("blink-cli-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = temp_dir().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// The real model's bytes and its parsed layout.
+fn real_model() -> (Vec<u8>, GgufFile) {
+    let path = model_path();
+    (std::fs::read(&path).unwrap(), GgufFile::open(&path).unwrap())
+}
+
+#[test]
+fn truncated_model_is_rejected_at_every_stage() {
+    let (bytes, file) = real_model();
+    let data = file.data_offset() as usize;
+    let cuts = [
+        ("header", 10),
+        ("metadata", 2_000),
+        ("tensor-table", data - 3_000),
+        ("data", data + 1_000),
+        ("last-byte", bytes.len() - 1),
+    ];
+    for (stage, cut) in cuts {
+        let path = write(&format!("truncated-{stage}.gguf"), &bytes[..cut]);
+        let needle = if stage == "data" || stage == "last-byte" { "tensor" } else { "truncated" };
+        rejects(&path, needle);
+    }
+}
+
+#[test]
+fn random_bytes_bad_magic_and_bad_version_are_rejected() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let random: Vec<u8> = (0..4096)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect();
+    rejects(&write("random.gguf", &random), "magic");
+
+    let (bytes, _) = real_model();
+    let mut bad = bytes[..4096].to_vec();
+    bad[..4].copy_from_slice(b"GGML");
+    rejects(&write("magic.gguf", &bad), "magic");
+    let mut bad = bytes[..4096].to_vec();
+    bad[4..8].copy_from_slice(&1u32.to_le_bytes());
+    rejects(&write("version.gguf", &bad), "version");
+    rejects(&write("empty.gguf", b""), "truncated");
+}
+
+#[test]
+fn absurd_counts_and_lengths_are_rejected() {
+    let (bytes, _) = real_model();
+    // tensor_count at offset 8, kv_count at 16.
+    let mut bad = bytes.clone();
+    bad[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    rejects(&write("tensor-count.gguf", &bad), "count");
+    let mut bad = bytes.clone();
+    bad[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    rejects(&write("kv-count.gguf", &bad), "count");
+    // The first key's length at offset 24.
+    let mut bad = bytes;
+    bad[24..32].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    rejects(&write("key-length.gguf", &bad), "length");
+}
+
+/// A small synthetic file with the given metadata and one tensor.
+fn synthetic(meta: &[(&str, Value)], tensor: (&str, GgmlType, &[u64])) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    for (k, v) in meta {
+        w.add(*k, v.clone()).unwrap();
+    }
+    let (name, ty, dims) = tensor;
+    let n: u64 = dims.iter().product();
+    let bytes = ty.row_bytes(n).unwrap() as usize;
+    w.add_tensor(name, ty, dims, &vec![0u8; bytes]).unwrap();
+    w.to_bytes()
+}
+
+#[test]
+fn missing_keys_and_unsupported_models_are_named() {
+    let tensor = ("token_embd.weight", GgmlType::F32, &[8u64, 4][..]);
+    let no_arch = synthetic(&[("general.name", Value::from("x"))], tensor);
+    rejected_by(&write("no-arch.gguf", &no_arch), "general.architecture", &["info", "run"]);
+    rejected_by(&write("no-arch.gguf", &no_arch), "tokenizer.ggml.model", &["tokenize"]);
+
+    let gpt = synthetic(&[("general.architecture", Value::from("mamba"))], tensor);
+    rejected_by(&write("mamba.gguf", &gpt), "mamba", &["info", "run"]);
+
+    let no_layers = synthetic(
+        &[
+            ("general.architecture", Value::from("llama")),
+            ("tokenizer.ggml.model", Value::from("gpt2")),
+        ],
+        tensor,
+    );
+    let path = write("no-layers.gguf", &no_layers);
+    let out = blink(&["info", "-m", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+}
+
+#[test]
+fn absurd_dims_types_and_offsets_are_rejected() {
+    let (bytes, file) = real_model();
+    let info = &file.tensors()[0];
+    // Find the first tensor's record in the table: its name, then n_dims, dims, type, offset.
+    let name = info.name.as_bytes();
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let n_dims_at = at;
+    let dims_at = at + 4;
+    let ty_at = dims_at + 8 * info.dims.len();
+    let off_at = ty_at + 4;
+
+    let mut bad = bytes.clone();
+    bad[n_dims_at..n_dims_at + 4].copy_from_slice(&7u32.to_le_bytes());
+    rejects(&write("n-dims.gguf", &bad), "dim");
+    let mut bad = bytes.clone();
+    bad[dims_at..dims_at + 8].copy_from_slice(&(1u64 << 62).to_le_bytes());
+    rejects(&write("huge-dim.gguf", &bad), "tensor");
+    let mut bad = bytes.clone();
+    bad[ty_at..ty_at + 4].copy_from_slice(&77u32.to_le_bytes());
+    rejects(&write("type.gguf", &bad), "type");
+    let mut bad = bytes.clone();
+    bad[off_at..off_at + 8].copy_from_slice(&(1u64 << 50).to_le_bytes());
+    rejects(&write("offset.gguf", &bad), "tensor");
+    let mut bad = bytes;
+    bad[off_at..off_at + 8].copy_from_slice(&3u64.to_le_bytes());
+    rejects(&write("misaligned.gguf", &bad), "align");
+}
+
+#[test]
+fn missing_files_and_bad_arguments_fail_cleanly() {
+    let out = blink(&["info", "-m", "/nonexistent/model.gguf"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).starts_with("error: "), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1);
+
+    let out = blink(&["run", "--temp", "banana", "-p", "x"]);
+    assert!(!out.status.success());
+    assert!(!stderr(&out).contains("panicked"));
+}
+
+#[test]
+fn over_long_prompt_is_a_clear_error() {
+    let model = model_path();
+    let prompt = "word ".repeat(200);
+    let out = blink(&["run", "-m", model.to_str().unwrap(), "--raw", "-c", "64", "-n", "4", "-p", &prompt]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("context size is 64"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -1,0 +1,91 @@
+//! `blink` against llama.cpp's golden outputs on the default model.
+
+mod support;
+
+use support::*;
+
+#[test]
+fn tokenize_matches_llama_cpp() {
+    let model = model_path();
+    let model = model.to_str().unwrap();
+    for case in golden()["tokenize"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let out = blink(&["tokenize", "-m", model, "-p", text]);
+        ok(&out);
+        let ids: Vec<u64> = serde_json::from_str(stdout(&out).trim()).expect("a JSON array of ids");
+        let want: Vec<u64> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(ids, want, "tokenize {text:?}");
+    }
+}
+
+#[test]
+fn greedy_run_starts_with_the_owed_text() {
+    let model = model_path();
+    let model = model.to_str().unwrap();
+    for case in golden()["greedy"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let owed = case["exact_text_owed"].as_str().unwrap();
+        let out = blink(&["run", "-m", model, "--raw", "--temp", "0", "-n", "32", "-t", THREADS, "-p", prompt]);
+        ok(&out);
+        let text = stdout(&out);
+        assert!(
+            text.starts_with(owed),
+            "prompt {prompt:?}\n  owed: {owed:?}\n  got:  {text:?}"
+        );
+    }
+}
+
+#[test]
+fn perplexity_is_within_one_percent_of_llama_cpp() {
+    let model = model_path();
+    let g = golden();
+    let case = &g["perplexity"][0];
+    let file = repo_root().join("testdata/golden").join(case["name"].as_str().unwrap());
+    let ctx = case["ctx"].as_u64().unwrap().to_string();
+    let out = blink(&["perplexity", "-m", model.to_str().unwrap(), "-f", file.to_str().unwrap(), "-c", &ctx, "-t", THREADS]);
+    ok(&out);
+    let text = stdout(&out);
+    let last = text.lines().last().expect("output");
+    let ppl: f64 = last
+        .split("PPL = ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no PPL in the last line: {last:?}"));
+    let want = case["ppl"].as_f64().unwrap();
+    let rel = (ppl - want).abs() / want;
+    eprintln!("perplexity: blink {ppl:.4}, llama.cpp {want:.4}, relative difference {:.3}%", rel * 100.0);
+    assert!(rel < 0.01, "PPL {ppl} vs llama.cpp {want}");
+}
+
+#[test]
+fn info_describes_the_model() {
+    let model = model_path();
+    let out = blink(&["info", "-m", model.to_str().unwrap()]);
+    ok(&out);
+    let text = stdout(&out);
+    for needle in ["architecture:    llama", "layers:          30", "Q4_1", "gpt2", "smollm", "heads:           9 query, 3 key/value"] {
+        assert!(text.contains(needle), "info lacks {needle:?}:\n{text}");
+    }
+}
+
+#[test]
+fn chat_template_run_matches_llama_cpp_server() {
+    let model = model_path();
+    let model = model.to_str().unwrap();
+    for case in golden()["chat"].as_array().unwrap() {
+        let messages = case["messages"].as_array().unwrap();
+        let mut args = vec!["run", "-m", model, "--temp", "0", "-n", "32", "-t", THREADS];
+        for m in messages {
+            match m["role"].as_str().unwrap() {
+                "system" => args.extend(["--system", m["content"].as_str().unwrap()]),
+                "user" => args.extend(["-p", m["content"].as_str().unwrap()]),
+                other => panic!("unexpected role {other}"),
+            }
+        }
+        let out = blink(&args);
+        ok(&out);
+        let owed = case["exact_text_owed"].as_str().unwrap();
+        assert!(stdout(&out).starts_with(owed), "messages {messages:?}\n  owed: {owed:?}\n  got:  {:?}", stdout(&out));
+    }
+}
