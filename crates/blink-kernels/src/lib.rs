@@ -7,6 +7,7 @@
 
 pub mod affinity;
 pub mod attention;
+pub mod bandwidth;
 pub mod cpu;
 pub mod gemm;
 pub mod math;

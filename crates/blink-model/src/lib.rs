@@ -70,6 +70,18 @@ impl Model {
         &self.file
     }
 
+    /// Weight bytes one decode step reads: every layer matrix and the output head.
+    pub fn bytes_per_token(&self) -> usize {
+        let w = &self.weights;
+        let layers: usize = w
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .map(|m| m.bytes().len())
+            .sum();
+        layers + w.output.bytes().len()
+    }
+
     /// A KV cache for this model able to hold `tokens` tokens in all.
     pub fn new_kv_cache(&self, tokens: usize, ty: KvType) -> KvCache {
         KvCache::new(self.cfg.n_layers, self.cfg.n_head_kv, self.cfg.head_dim, ty, KvCache::blocks_for(tokens))

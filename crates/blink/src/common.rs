@@ -35,6 +35,26 @@ impl ModelArgs {
     }
 }
 
+/// Which kernel path to use.
+#[derive(Args, Clone, Debug)]
+pub struct KernelArgs {
+    /// Kernel path: scalar, avx2, avx512 or neon (default: the best this CPU supports; also
+    /// settable with BLINK_KERNEL).
+    #[arg(long = "kernel")]
+    pub kernel: Option<String>,
+}
+
+impl KernelArgs {
+    /// Fix the kernel path before any model is loaded.
+    pub fn apply(&self) -> CliResult {
+        if let Some(name) = &self.kernel {
+            let isa = blink_kernels::cpu::Isa::parse(name).ok_or_else(|| blink_kernels::cpu::IsaError::Unknown(name.clone()))?;
+            blink_kernels::cpu::force(isa)?;
+        }
+        Ok(())
+    }
+}
+
 /// Compute options.
 #[derive(Args, Clone, Debug)]
 pub struct ComputeArgs {
@@ -50,9 +70,11 @@ pub struct ComputeArgs {
     /// KV cache element type: f16 or f32.
     #[arg(long = "cache-type", default_value = "f16", value_parser = parse_kv_type)]
     pub cache_type: KvType,
+    #[command(flatten)]
+    pub kernel: KernelArgs,
 }
 
-fn parse_kv_type(s: &str) -> Result<KvType, String> {
+pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
     KvType::parse(s).ok_or_else(|| format!("unknown cache type '{s}' (use f16 or f32)"))
 }
 
@@ -77,6 +99,14 @@ pub struct Loaded {
 
 impl Loaded {
     pub fn load(args: &ModelArgs) -> CliResult<Loaded> {
+        Self::load_with(args, None)
+    }
+
+    /// Load, first fixing the kernel path if `compute` asks for one.
+    pub fn load_with(args: &ModelArgs, compute: Option<&ComputeArgs>) -> CliResult<Loaded> {
+        if let Some(c) = compute {
+            c.kernel.apply()?;
+        }
         let path = args.path()?;
         let with_path = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         let file = std::sync::Arc::new(GgufFile::open(&path).map_err(|e| with_path(&e))?);

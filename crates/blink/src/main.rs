@@ -27,6 +27,8 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Measure perplexity over a text file (llama.cpp's method).
     Perplexity(cmd::perplexity::Args),
+    /// Measure prompt and generation speed (llama-bench style).
+    Bench(cmd::bench::Args),
     /// Show a model's architecture, hyper-parameters, tensor types and tokenizer.
     Info(cmd::info::Args),
 }
@@ -39,6 +41,7 @@ fn main() {
         Command::Tokenize(a) => cmd::tokenize::main(a),
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Info(a) => cmd::info::main(a),
+        Command::Bench(a) => cmd::bench::main(a),
     };
     if let Err(e) = result {
         // One line, whatever the error chain.

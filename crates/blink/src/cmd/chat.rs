@@ -30,7 +30,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> CliResult {
-    let loaded = Loaded::load(&args.model)?;
+    let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
     if loaded.template.is_none() {
         return Err("this model has no chat template; use `blink run --raw` instead".into());
     }

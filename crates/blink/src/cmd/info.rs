@@ -37,6 +37,14 @@ fn file_type_name(ft: u32) -> &'static str {
     }
 }
 
+/// The file's type name (`general.file_type`), else the most common matrix type.
+pub fn file_type_of(model: &blink_model::Model) -> String {
+    match model.file().opt_u32("general.file_type") {
+        Ok(Some(ft)) => file_type_name(ft).to_string(),
+        _ => model.weights.layers.first().map_or("unknown".into(), |l| l.wq.ty.name().to_string()),
+    }
+}
+
 pub fn main(args: Args) -> CliResult {
     let path = args.model.path()?;
     let loaded = Loaded::load(&args.model)?;
@@ -86,6 +94,7 @@ pub fn main(args: Args) -> CliResult {
         tok.add_eos()
     );
     println!("chat template:   {}", if loaded.template.is_some() { "yes" } else { "none" });
+    println!("kernel path:     {} (best on this CPU: {})", blink_kernels::cpu::active(), blink_kernels::cpu::Isa::best());
     if args.metadata {
         println!("metadata:");
         for (k, v) in file.metadata() {

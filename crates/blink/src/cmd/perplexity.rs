@@ -23,7 +23,7 @@ pub struct Args {
 pub fn main(args: Args) -> CliResult {
     let text = std::fs::read(&args.file).map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
     let text = String::from_utf8_lossy(&text);
-    let loaded = Loaded::load(&args.model)?;
+    let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
     let tokens = loaded.tokenizer.encode(&text, true, false);
     let ctx = args.compute.ctx_size.filter(|&c| c > 0).unwrap_or(512);
     let cfg = PerplexityConfig {

@@ -37,7 +37,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> CliResult {
-    let loaded = Loaded::load(&args.model)?;
+    let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
     let prompt = if args.raw {
         loaded.tokenizer.encode(&args.prompt, true, true)
     } else {

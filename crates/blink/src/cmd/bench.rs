@@ -1,0 +1,201 @@
+//! `blink bench`: prompt-processing and generation speed, in the manner of llama-bench.
+//!
+//! `pp<N>` evaluates an N-token prompt in one step from an empty cache; `tg<N>` generates N
+//! tokens one step at a time; with `--batch B`, `tg<N>` runs B sequences side by side and
+//! reports their aggregate speed. Each test is repeated `-r` times after one warm-up, and
+//! reported as mean ± standard deviation. `--bandwidth` also measures memory bandwidth with
+//! a STREAM-style triad and relates decode speed to the bound it implies.
+
+use std::time::Instant;
+
+use blink_engine::rng::Rng;
+use blink_kernels::pool::ThreadPool;
+use blink_model::{KvType, Model, Scratch, StepRow};
+use serde::Serialize;
+
+use crate::common::{CliResult, KernelArgs, Loaded, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt lengths to test (comma-separated; 0 skips).
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    n_prompt: Vec<usize>,
+    /// Generation lengths to test (comma-separated; 0 skips).
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    n_gen: Vec<usize>,
+    /// Thread counts to test (comma-separated; default: all CPUs).
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    /// Parallel sequences for generation tests (comma-separated; aggregate speed).
+    #[arg(long = "batch", value_delimiter = ',', default_value = "1")]
+    batch: Vec<usize>,
+    /// KV cache element type: f16 or f32.
+    #[arg(long = "cache-type", default_value = "f16", value_parser = crate::common::parse_kv_type)]
+    cache_type: KvType,
+    /// Print one JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also measure memory bandwidth (a STREAM triad) and the decode bound it implies.
+    #[arg(long)]
+    bandwidth: bool,
+    #[command(flatten)]
+    kernel: KernelArgs,
+}
+
+/// One result row.
+#[derive(Serialize)]
+struct Row {
+    model: String,
+    file_type: String,
+    kernel: String,
+    test: String,
+    threads: usize,
+    batch: usize,
+    tok_s: f64,
+    tok_s_stddev: f64,
+    samples: Vec<f64>,
+}
+
+pub fn main(args: Args) -> CliResult {
+    args.kernel.apply()?;
+    let loaded = Loaded::load(&args.model)?;
+    let model = &loaded.model;
+    let kernel = blink_kernels::cpu::active();
+    let file_type = crate::cmd::info::file_type_of(model);
+    let threads = if args.threads.is_empty() {
+        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
+    } else {
+        args.threads.clone()
+    };
+    if !args.json {
+        println!(
+            "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, {} repetitions",
+            model.cfg.name,
+            model.file().file_size() as f64 / 1048576.0,
+            args.reps.max(1)
+        );
+        println!("| test | threads | batch | tok/s |");
+        println!("| --- | ---: | ---: | ---: |");
+    }
+    let mut rows = Vec::new();
+    let mut emit = |test: String, threads: usize, batch: usize, samples: Vec<f64>| {
+        let (mean, sd) = mean_sd(&samples);
+        if !args.json {
+            println!("| {test} | {threads} | {batch} | {mean:.2} ± {sd:.2} |");
+        }
+        rows.push(Row {
+            model: model.cfg.name.clone(),
+            file_type: file_type.clone(),
+            kernel: kernel.name().to_string(),
+            test,
+            threads,
+            batch,
+            tok_s: mean,
+            tok_s_stddev: sd,
+            samples,
+        });
+    };
+    for &t in &threads {
+        let pool = ThreadPool::new(t.max(1));
+        for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
+            let samples = repeat(args.reps, || prompt_speed(model, &pool, p, args.cache_type))?;
+            emit(format!("pp{p}"), t, 1, samples);
+        }
+        for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+            for &b in args.batch.iter().filter(|&&b| b > 0) {
+                let samples = repeat(args.reps, || gen_speed(model, &pool, n, b, args.cache_type))?;
+                emit(format!("tg{n}"), t, b, samples);
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    if args.bandwidth {
+        report_bandwidth(model, &threads, &rows, args.json);
+    }
+    Ok(())
+}
+
+/// One warm-up, then `reps` measured runs.
+fn repeat(reps: usize, mut f: impl FnMut() -> CliResult<f64>) -> CliResult<Vec<f64>> {
+    f()?;
+    (0..reps.max(1)).map(|_| f()).collect()
+}
+
+fn mean_sd(x: &[f64]) -> (f64, f64) {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = if x.len() > 1 { x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    (mean, var.sqrt())
+}
+
+fn random_tokens(model: &Model, n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.next_u64() % model.cfg.vocab_size as u64) as u32).collect()
+}
+
+/// Tokens per second evaluating an `n`-token prompt in one step.
+fn prompt_speed(model: &Model, pool: &ThreadPool, n: usize, kv_type: KvType) -> CliResult<f64> {
+    let mut kv = model.new_kv_cache(n, kv_type);
+    let seq = kv.new_seq();
+    let mut scratch = Scratch::new(model, n, 1, n, pool.n_threads());
+    let rows: Vec<StepRow> = random_tokens(model, n, 1)
+        .into_iter()
+        .enumerate()
+        .map(|(pos, token)| StepRow { token, pos, seq, logits: pos + 1 == n })
+        .collect();
+    let start = Instant::now();
+    model.forward(pool, &mut kv, &rows, &mut scratch)?;
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Aggregate tokens per second generating `n` tokens in each of `batch` sequences.
+fn gen_speed(model: &Model, pool: &ThreadPool, n: usize, batch: usize, kv_type: KvType) -> CliResult<f64> {
+    let mut kv = model.new_kv_cache(batch * (n + 1), kv_type);
+    let seqs: Vec<usize> = (0..batch).map(|_| kv.new_seq()).collect();
+    let mut scratch = Scratch::new(model, batch, batch, n + 1, pool.n_threads());
+    let mut tokens = random_tokens(model, batch, 2);
+    let mut rows: Vec<StepRow> = Vec::with_capacity(batch);
+    let start = Instant::now();
+    for pos in 0..n {
+        rows.clear();
+        rows.extend(seqs.iter().zip(&tokens).map(|(&seq, &token)| StepRow { token, pos, seq, logits: true }));
+        model.forward(pool, &mut kv, &rows, &mut scratch)?;
+        for (i, t) in tokens.iter_mut().enumerate() {
+            *t = blink_engine::sampling::argmax(scratch.logits(i));
+        }
+    }
+    Ok((n * batch) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Measure bandwidth per thread count and relate each decode result to its bound.
+fn report_bandwidth(model: &Model, threads: &[usize], rows: &[Row], json: bool) {
+    let bytes = model.bytes_per_token() as f64;
+    for &t in threads {
+        let gbs = blink_kernels::bandwidth::triad_gbs(t);
+        let bound = gbs * 1e9 / bytes;
+        let out = format!(
+            "bandwidth: {t} thread(s) {gbs:.1} GB/s (triad); decode reads {:.1} MB/token, so decode ≤ {bound:.0} tok/s",
+            bytes / 1e6
+        );
+        if json {
+            eprintln!("{out}");
+        } else {
+            println!("{out}");
+        }
+        for r in rows.iter().filter(|r| r.threads == t && r.batch == 1 && r.test.starts_with("tg")) {
+            let line = format!("  {} at {t} thread(s): {:.0} tok/s = {:.0}% of the bound", r.test, r.tok_s, 100.0 * r.tok_s / bound);
+            if json {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        }
+    }
+}
