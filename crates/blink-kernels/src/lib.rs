@@ -11,5 +11,6 @@ pub mod bandwidth;
 pub mod cpu;
 pub mod gemm;
 pub mod math;
+pub mod ops;
 pub mod pool;
 pub mod quant;

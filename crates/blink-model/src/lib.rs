@@ -9,7 +9,6 @@ pub mod config;
 pub mod fetch;
 pub mod forward;
 pub mod kv_cache;
-pub mod ops;
 pub mod rope;
 pub mod tokenizer;
 pub mod weights;

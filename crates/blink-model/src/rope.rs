@@ -4,6 +4,9 @@
 //! optional per-dimension frequency divisors, linear and YaRN scaling), because a
 //! different rounding of the angles shifts logits enough to flip near-tied tokens.
 
+use blink_kernels::cpu::Isa;
+use blink_kernels::ops;
+
 use crate::config::{RopeConfig, RopeOrder, RopeScaling};
 
 /// What a forward pass needs to rotate heads at any position.
@@ -67,19 +70,8 @@ impl Rope {
 
     /// Rotate one head `x` (length ≥ n_dims) in place with the angles of its position.
     #[inline]
-    pub fn apply(&self, table: &[f32], x: &mut [f32]) {
-        let half = self.n_dims / 2;
-        for i in 0..half {
-            let (c, s) = (table[2 * i], table[2 * i + 1]);
-            let (a, b) = match self.order {
-                RopeOrder::Normal => (2 * i, 2 * i + 1),
-                RopeOrder::NeoX => (i, i + half),
-            };
-            let (x0, x1) = (x[a], x[b]);
-            // The fused forms ggml's compiled rope computes (see kernels' `reduce` docs).
-            x[a] = x0.mul_add(c, -(x1 * s));
-            x[b] = x0.mul_add(s, x1 * c);
-        }
+    pub fn apply(&self, isa: Isa, table: &[f32], x: &mut [f32]) {
+        ops::rope(isa, &table[..self.n_dims], x, self.order == RopeOrder::NeoX);
     }
 }
 
@@ -107,7 +99,7 @@ mod tests {
         let mut t = [0f32; 8];
         r.angles(0, &mut t);
         let mut x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
-        r.apply(&t, &mut x);
+        r.apply(Isa::Scalar, &t, &mut x);
         assert_eq!(x, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
     }
 
@@ -119,7 +111,7 @@ mod tests {
             r.angles(1234, &mut t);
             let mut x = [1.0, -2.0, 3.0, 0.5, 5.0, 6.0, -7.0, 8.0];
             let before = x;
-            r.apply(&t, &mut x);
+            r.apply(Isa::Scalar, &t, &mut x);
             let pairs: [(usize, usize); 4] = match order {
                 RopeOrder::Normal => [(0, 1), (2, 3), (4, 5), (6, 7)],
                 RopeOrder::NeoX => [(0, 4), (1, 5), (2, 6), (3, 7)],

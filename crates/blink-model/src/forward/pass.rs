@@ -7,13 +7,13 @@
 use blink_gguf::GgmlType;
 use blink_kernels::cpu::{self, Isa};
 use blink_kernels::gemm::{self, Out};
+use blink_kernels::ops;
 use blink_kernels::pool::{SharedMut, ThreadPool, Worker};
 use blink_kernels::quant;
 use blink_kernels::attention::{self, Online};
 
 use super::{Scratch, StepRow};
 use crate::kv_cache::{BlockTables, KvElem, KvLayout, KvStore, BLOCK_TOKENS};
-use crate::ops;
 use crate::weights::{LayerWeights, Matrix};
 use crate::Model;
 
@@ -138,7 +138,7 @@ impl<'a, T: KvElem> Pass<'a, T> {
             self.project(w, &self.xn, cfg.n_embd, n, &[(&lw.w_gate, &self.gate, Write::Set), (&lw.w_up, &self.up, Write::Set)]);
             for r in w.share(n, 1) {
                 // SAFETY: rows are split between threads; gate/up were completed before the barrier.
-                unsafe { ops::swiglu(self.gate.row_mut(r, cfg.n_ff), self.up.row(r, cfg.n_ff)) };
+                unsafe { ops::swiglu(self.isa, self.gate.row_mut(r, cfg.n_ff), self.up.row(r, cfg.n_ff)) };
             }
             self.project(w, &self.gate, cfg.n_ff, n, &[(&lw.w_down, &self.x, Write::Add)]);
         }
@@ -167,7 +167,7 @@ impl<'a, T: KvElem> Pass<'a, T> {
         let eps = self.model.cfg.norm_eps;
         for i in w.share(count, 1) {
             // SAFETY: x is read-only in this phase; xn rows are split between threads.
-            unsafe { ops::rms_norm(self.x.row(src(i), d), weight, eps, self.xn.row_mut(i, d)) };
+            unsafe { ops::rms_norm(self.isa, self.x.row(src(i), d), weight, eps, self.xn.row_mut(i, d)) };
         }
     }
 
@@ -198,7 +198,7 @@ impl<'a, T: KvElem> Pass<'a, T> {
             // barrier); act rows are split between threads.
             unsafe {
                 let dst = self.act.slice_mut(r * self.act_stride..r * self.act_stride + bytes);
-                quant::quantize_row(ty, input.row(r, cols), dst);
+                ops::quantize_row(self.isa, ty, input.row(r, cols), dst);
             }
         }
     }
@@ -233,12 +233,12 @@ impl<'a, T: KvElem> Pass<'a, T> {
                 }
             }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(h, qn, cfg.norm_eps));
-                k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(h, kn, cfg.norm_eps));
+                q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, qn, cfg.norm_eps));
+                k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, kn, cfg.norm_eps));
             }
             rope.angles(row.pos, angles);
-            q.chunks_exact_mut(hd).for_each(|h| rope.apply(angles, h));
-            k.chunks_exact_mut(hd).for_each(|h| rope.apply(angles, h));
+            q.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
+            k.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
 
             let block = self.tables.get(row.seq)[row.pos / BLOCK_TOKENS];
             let slot = row.pos % BLOCK_TOKENS;

@@ -1,0 +1,227 @@
+//! Element-wise operations of the forward pass (RMS norm, SwiGLU, rotary embedding and
+//! activation quantization), each with fixed numerics and a fast path per ISA.
+//!
+//! The bodies are written once as scalar code that uses `mul_add` exactly where ggml's
+//! compiled code fuses; x86 wrappers compile the same bodies with FMA enabled (so `mul_add`
+//! is one instruction instead of a libm call) or use explicit AVX2, and give identical bits.
+
+use blink_gguf::GgmlType;
+
+use crate::cpu::Isa;
+use crate::math;
+use crate::quant;
+
+/// `out = x / rms(x) · weight`, with the sum of squares accumulated in f64 as ggml does.
+#[inline(always)]
+fn rms_norm_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = (v * scale) * w;
+    }
+}
+
+/// `gate = silu(gate) · up`: ggml's vectorised `exp` for whole groups of 16, libm's for
+/// the remainder, as llama.cpp's x86 build computes it.
+#[inline(always)]
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
+    let whole = gate.len() - gate.len() % 16;
+    for (g, &u) in gate[..whole].iter_mut().zip(up) {
+        *g = math::silu(*g) * u;
+    }
+    for (g, &u) in gate[whole..].iter_mut().zip(&up[whole..]) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Rotate pairs `(a_i, b_i)` of `x` by the angles in `table` (cos, sin interleaved), with
+/// the fused forms ggml's compiled rope uses. `neox` pairs `i` with `i + n/2`, otherwise
+/// `2i` with `2i + 1`; `n = table.len()` leading dimensions rotate.
+#[inline(always)]
+fn rope_body(table: &[f32], x: &mut [f32], neox: bool) {
+    let half = table.len() / 2;
+    for i in 0..half {
+        let (c, s) = (table[2 * i], table[2 * i + 1]);
+        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0.mul_add(c, -(x1 * s));
+        x[b] = x0.mul_add(s, x1 * c);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod fma {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        super::rms_norm_body(x, weight, eps, out)
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
+        super::swiglu_body(gate, up)
+    }
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn rope(table: &[f32], x: &mut [f32], neox: bool) {
+        super::rope_body(table, x, neox)
+    }
+}
+
+/// Whether `isa` runs the x86 FMA-compiled bodies.
+#[inline]
+fn x86_fma(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+}
+
+/// RMS norm of `x` into `out`, scaled by `weight`.
+pub fn rms_norm(isa: Isa, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86_fma(isa) {
+        // SAFETY: the CPU supports the path's features (checked when it was chosen).
+        return unsafe { fma::rms_norm(x, weight, eps, out) };
+    }
+    let _ = isa;
+    rms_norm_body(x, weight, eps, out)
+}
+
+/// RMS norm in place (per-head Q/K norms).
+pub fn rms_norm_in_place(isa: Isa, x: &mut [f32], weight: &[f32], eps: f32) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    let _ = isa;
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = (*v * scale) * w;
+    }
+}
+
+/// SwiGLU in place: `gate = silu(gate) · up`.
+pub fn swiglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86_fma(isa) {
+        // SAFETY: as above.
+        return unsafe { fma::swiglu(gate, up) };
+    }
+    let _ = isa;
+    swiglu_body(gate, up)
+}
+
+/// Rotary embedding of one head in place (see `rope_body`).
+pub fn rope(isa: Isa, table: &[f32], x: &mut [f32], neox: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if x86_fma(isa) {
+        // SAFETY: as above.
+        return unsafe { fma::rope(table, x, neox) };
+    }
+    let _ = isa;
+    rope_body(table, x, neox)
+}
+
+/// Quantize an activation row into `ty` (as `quant::quantize_row`), vectorised for the
+/// 8-bit formats where the path has it.
+pub fn quantize_row(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86_fma(isa) && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) && src.len() % 32 == 0 {
+        assert!(dst.len() >= ty.row_bytes(src.len() as u64).unwrap_or(u64::MAX) as usize, "quantize_row: output too short");
+        // SAFETY: as above; `dst` holds the whole row (checked).
+        return unsafe { x86_q8::quantize(src, dst, ty == GgmlType::Q8_1) };
+    }
+    let _ = isa;
+    quant::quantize_row(ty, src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86_q8 {
+    use std::arch::x86_64::*;
+
+    /// `Q8_0` (34-byte) or `Q8_1` (36-byte) blocks exactly as `quant::quantize_row`:
+    /// multiplier `127/amax`, round half to even, saturating to i8, `s = d·Σq`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn quantize(src: &[f32], dst: &mut [u8], with_sum: bool) {
+        let block_bytes = if with_sum { 36 } else { 34 };
+        let qs_at = if with_sum { 4 } else { 2 };
+        let sign = _mm256_set1_ps(-0.0);
+        for (b, x) in src.chunks_exact(32).enumerate() {
+            let p = x.as_ptr();
+            let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+            let m = v.iter().fold(_mm256_setzero_ps(), |m, &x| _mm256_max_ps(m, _mm256_andnot_ps(sign, x)));
+            let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let q: [__m256i; 4] = std::array::from_fn(|i| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v[i], id)))
+            });
+            let out = dst.as_mut_ptr().add(b * block_bytes);
+            let half = |f: f32| _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(f))) as u16;
+            (out as *mut u16).write_unaligned(half(d));
+            if with_sum {
+                let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+                let s4 = _mm_add_epi32(_mm256_extracti128_si256::<1>(s), _mm256_castsi256_si128(s));
+                let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+                let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2)));
+                (out.add(2) as *mut u16).write_unaligned(half(d * sum as f32));
+            }
+            // Saturating packs (i32 → i16 → i8) then undo their lane interleaving.
+            let w01 = _mm256_packs_epi32(q[0], q[1]);
+            let w23 = _mm256_packs_epi32(q[2], q[3]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(out.add(qs_at) as *mut __m256i, bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                // Include exact ties and zero blocks.
+                if i % 97 == 0 { 0.5 } else if (i / 32) % 7 == 3 { 0.0 } else { (s % 20001) as f32 / 997.0 - 10.0 }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fast_paths_equal_the_scalar_bodies() {
+        for isa in [Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.supported()) {
+            for n in [64usize, 576, 1536, 100] {
+                let x = row(n, n as u32);
+                let w = row(n, 7);
+                let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+                rms_norm(Isa::Scalar, &x, &w, 1e-5, &mut a);
+                rms_norm(isa, &x, &w, 1e-5, &mut b);
+                assert_eq!(a, b, "rms_norm {isa} {n}");
+
+                let (mut g1, mut g2) = (x.clone(), x.clone());
+                swiglu(Isa::Scalar, &mut g1, &w);
+                swiglu(isa, &mut g2, &w);
+                assert_eq!(g1, g2, "swiglu {isa} {n}");
+
+                let table: Vec<f32> = (0..64).map(|i| ((i as f32) * 0.37).sin()).collect();
+                for neox in [false, true] {
+                    let (mut r1, mut r2) = (x[..64].to_vec(), x[..64].to_vec());
+                    rope(Isa::Scalar, &table, &mut r1, neox);
+                    rope(isa, &table, &mut r2, neox);
+                    assert_eq!(r1, r2, "rope {isa}");
+                }
+
+                if n % 32 == 0 {
+                    for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+                        let bytes = ty.row_bytes(n as u64).unwrap() as usize;
+                        let (mut q1, mut q2) = (vec![0u8; bytes], vec![0u8; bytes]);
+                        quantize_row(Isa::Scalar, ty, &x, &mut q1);
+                        quantize_row(isa, ty, &x, &mut q2);
+                        assert_eq!(q1, q2, "quantize {ty} {isa} {n}");
+                    }
+                }
+            }
+        }
+    }
+}
