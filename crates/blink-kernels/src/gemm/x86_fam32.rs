@@ -141,12 +141,13 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
-/// One tile: the `GROUP` rows of a packed group × `RA` activation rows. Writes rows
-/// `0..live` of the group.
+/// One tile: rows `r0..r0 + RW` of a packed group × `RA` activation rows. Writes the
+/// rows below `live`.
 #[inline(always)]
-unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
+unsafe fn tile<F: Fam32, D: DotU8I8, const RW: usize, const RA: usize>(
     n_blocks: usize,
     w: *const u8,
+    r0: usize,
     a: *const u8,
     a_stride: usize,
     out: *mut f32,
@@ -158,15 +159,17 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     let (m_at, qh_at, qs_at) = fields.packed_offsets();
     let group_block = GROUP * fields.block;
     let has_min = fields.m.is_some();
-    let mut acc = [[_mm256_setzero_ps(); GROUP]; RA];
+    let mut acc = [[_mm256_setzero_ps(); RW]; RA];
     let mut tail = [_mm256_setzero_ps(); RA];
     let ones = _mm256_set1_epi8(1);
-    let lane: [__m256i; GROUP] = std::array::from_fn(|i| _mm256_set1_epi32(i as i32));
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
         let dw = f16x8(gb);
         let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
-        let wq: [__m256i; GROUP] = std::array::from_fn(|i| F::unpack(gb.add(qs_at + i * fields.qs_len), gb.add(qh_at + 4 * i)));
+        let wq: [__m256i; RW] = std::array::from_fn(|i| {
+            let row = r0 + i;
+            F::unpack(gb.add(qs_at + row * fields.qs_len), gb.add(qh_at + 4 * row))
+        });
         for j in 0..RA {
             let ab = a.add(j * a_stride + b * F::ACT_BYTES);
             let aq = _mm256_loadu_si256(ab.add(F::ACT_QS) as *const __m256i);
@@ -180,12 +183,12 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
             } else {
                 _mm256_setzero_si256()
             };
-            for i in 0..GROUP {
+            for i in 0..RW {
                 let mut lanes = if F::SMALL { D::dot_small(wq[i], aq) } else { D::dot(wq[i], aq) };
                 if F::OFFSET != 0 {
                     lanes = _mm256_sub_epi32(lanes, offset);
                 }
-                let scale = _mm256_permutevar8x32_ps(scales, lane[i]);
+                let scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32((r0 + i) as i32));
                 acc[j][i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[j][i]);
             }
         }
@@ -193,11 +196,11 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     for j in 0..RA {
         let mut tails = [0f32; GROUP];
         _mm256_storeu_ps(tails.as_mut_ptr(), tail[j]);
-        for i in 0..live {
+        for i in 0..RW.min(live.saturating_sub(r0)) {
             let mut l = [0f32; 8];
             _mm256_storeu_ps(l.as_mut_ptr(), acc[j][i]);
-            let v = hsum8(&l) + tails[i];
-            let o = out.add(j * ld + i);
+            let v = hsum8(&l) + tails[r0 + i];
+            let o = out.add(j * ld + r0 + i);
             if accumulate {
                 *o += v;
             } else {
@@ -207,37 +210,52 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     }
 }
 
+/// Tile shape: weight rows per pass over a group, activation rows per pass.
+pub(super) trait Shape {
+    /// Several activation rows: (rows, acts).
+    const WIDE: (usize, usize);
+}
+
+impl Shape for Vnni {
+    // 32 vector registers: 16 accumulators + 4 weight rows + temporaries.
+    const WIDE: (usize, usize) = (4, 4);
+}
+
+impl Shape for Avx2 {
+    // 16 vector registers: 8 accumulators + 4 weight rows + temporaries.
+    const WIDE: (usize, usize) = (4, 2);
+}
+
 /// `out[r][i] (+)= w_i · a_r` for `i` in `rows` (which must start on a group boundary),
 /// `r` in `0..n_act`; `w` is the packed matrix.
 #[inline(always)]
-unsafe fn gemm<F: Fam32, D: DotU8I8>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     assert!(rows.start % GROUP == 0, "row ranges of packed matrices start on a group");
     let n_blocks = cols / 32;
     let group_bytes = n_blocks * GROUP * F::FIELDS.block;
     assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + n_blocks * F::ACT_BYTES, "activations too short");
+    let (rw, ra) = D::WIDE;
     for g in (rows.start..rows.end).step_by(GROUP) {
         let live = (rows.end - g).min(GROUP);
         let wg = w.as_ptr().add(g / GROUP * group_bytes);
+        let ot = |j: usize| out.ptr.add(j * out.ld + g);
+        let at = |j: usize| act.as_ptr().add(j * act_stride);
         let mut j = 0;
-        while j < n_act {
-            let (at, ot) = (act.as_ptr().add(j * act_stride), out.ptr.add(j * out.ld + g));
-            let left = n_act - j;
-            let ra = match left {
-                1 => {
-                    tile::<F, D, 1>(n_blocks, wg, at, act_stride, ot, out.ld, out.accumulate, live);
-                    1
+        // Several activation rows: half-groups × `ra` rows.
+        while n_act - j >= ra {
+            for r0 in (0..live).step_by(rw) {
+                match D::WIDE {
+                    (4, 4) => tile::<F, D, 4, 4>(n_blocks, wg, r0, at(j), act_stride, ot(j), out.ld, out.accumulate, live),
+                    _ => tile::<F, D, 4, 2>(n_blocks, wg, r0, at(j), act_stride, ot(j), out.ld, out.accumulate, live),
                 }
-                2 => {
-                    tile::<F, D, 2>(n_blocks, wg, at, act_stride, ot, out.ld, out.accumulate, live);
-                    2
-                }
-                _ => {
-                    tile::<F, D, 3>(n_blocks, wg, at, act_stride, ot, out.ld, out.accumulate, live);
-                    3
-                }
-            };
+            }
             j += ra;
+        }
+        // The rest one at a time, a whole group per pass.
+        while j < n_act {
+            tile::<F, D, GROUP, 1>(n_blocks, wg, 0, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+            j += 1;
         }
     }
 }

@@ -265,7 +265,9 @@ impl<'a, T: KvElem> Pass<'a, T> {
         let scale = 1.0 / (hd as f32).sqrt();
         // SAFETY: per-thread scratch row.
         let qh = unsafe { self.qh.row_mut(w.tid, hd) };
-        for item in w.share(self.rows.len() * cfg.n_head, 1) {
+        // Items are dealt round-robin: a row's cost grows with its position, so contiguous
+        // shares would leave the thread with the latest rows doing most of the work.
+        for item in (w.tid..self.rows.len() * cfg.n_head).step_by(w.n_threads) {
             let (r, h) = (item / cfg.n_head, item % cfg.n_head);
             let row = self.rows[r];
             let kvh = h / group;
