@@ -107,25 +107,16 @@ unsafe fn scalar(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &
 #[allow(clippy::too_many_arguments)]
 unsafe fn scalar_packed(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     let f = Fields::of(ty).expect("packed layout of a packable type");
-    let (m_at, qh_at, qs_at) = f.packed_offsets();
     let act_ty = quant::vec_dot_type(ty);
     let n_blocks = cols / 32;
-    let group_block = GROUP * f.block;
+    let group_block = f.group_block();
     let mut block = [0u8; 34];
     for i in rows {
         let (g, k) = (i / GROUP, i % GROUP);
         for r in 0..n_act {
             let mut acc = DotAcc::default();
             for b in 0..n_blocks {
-                let gb = &w[(g * n_blocks + b) * group_block..][..group_block];
-                block[..2].copy_from_slice(&gb[2 * k..2 * k + 2]);
-                if let Some(m) = f.m {
-                    block[m..m + 2].copy_from_slice(&gb[m_at + 2 * k..m_at + 2 * k + 2]);
-                }
-                if let Some(qh) = f.qh {
-                    block[qh..qh + 4].copy_from_slice(&gb[qh_at + 4 * k..qh_at + 4 * k + 4]);
-                }
-                block[f.qs..f.qs + f.qs_len].copy_from_slice(&gb[qs_at + f.qs_len * k..qs_at + f.qs_len * (k + 1)]);
+                pack::unpack_block(&f, &w[(g * n_blocks + b) * group_block..][..group_block], k, &mut block);
                 let a = &act[r * act_stride + b * act_ty.type_size()..][..act_ty.type_size()];
                 quant::accumulate_block(ty, &block[..f.block], a, &mut acc);
             }

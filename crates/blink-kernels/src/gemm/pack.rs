@@ -1,10 +1,20 @@
 //! Interleaved weight layout for the SIMD kernels of the 32-element formats.
 //!
-//! Rows are grouped by eight (the last group padded with zero rows). For each group and
-//! block index, the eight rows' fields are stored together:
-//! `d[8] | m[8] (Q4_1, Q5_1) | qh[8] (Q5_0, Q5_1) | qs[8]`. One group-block has exactly the
-//! bytes of eight original blocks, so packing is a permutation; it lets a kernel load the
-//! eight scales with one instruction and stream each row's quants contiguously.
+//! Rows are grouped by eight (the last group padded with zero rows). A block's 32 quants
+//! form eight "lanes" of four consecutive elements, the unit of an exact `dpbusd` sum. For
+//! each group and block index the layout stores the eight rows' scales, minima and fifth
+//! bits side by side, then the quants lane-major: lane `l` of all eight rows in 32 bytes,
+//! so one `dpbusd` against a broadcast activation lane yields lane `l` of eight rows at
+//! once. 4- and 5-bit formats share each 32-byte vector between lanes `l` (low nibbles)
+//! and `l + 4` (high nibbles). One group-block holds exactly the bytes of eight original
+//! blocks:
+//!
+//! ```text
+//! d[8] f16 | m[8] f16 (Q4_1, Q5_1) | qh[lane 0..8] u32 (Q5_0, Q5_1) | quants
+//! quants: 4-bit: for l in 0..4: 32 bytes, byte 4r+k = q[r][4l+k] | q[r][4(l+4)+k] << 4
+//!         8-bit: for l in 0..8: 32 bytes, byte 4r+k = q[r][4l+k]
+//! qh[l]: bit 4r+k = fifth bit of element 4l+k of row r
+//! ```
 
 use blink_gguf::GgmlType;
 
@@ -20,37 +30,119 @@ pub struct Fields {
     /// Offset of the 32-bit fifth-bit word, if any.
     pub qh: Option<usize>,
     pub qs: usize,
-    pub qs_len: usize,
+    /// Bits per stored quant (4 or 8).
+    pub bits: usize,
 }
 
 impl Fields {
     /// The fields of a packable type, or `None`.
     pub const fn of(ty: GgmlType) -> Option<Fields> {
-        const fn f(block: usize, m: Option<usize>, qh: Option<usize>, qs: usize, qs_len: usize) -> Option<Fields> {
-            Some(Fields { block, m, qh, qs, qs_len })
+        const fn f(block: usize, m: Option<usize>, qh: Option<usize>, qs: usize, bits: usize) -> Option<Fields> {
+            Some(Fields { block, m, qh, qs, bits })
         }
         match ty {
-            GgmlType::Q4_0 => f(18, None, None, 2, 16),
-            GgmlType::Q4_1 => f(20, Some(2), None, 4, 16),
-            GgmlType::Q5_0 => f(22, None, Some(2), 6, 16),
-            GgmlType::Q5_1 => f(24, Some(2), Some(4), 8, 16),
-            GgmlType::Q8_0 => f(34, None, None, 2, 32),
+            GgmlType::Q4_0 => f(18, None, None, 2, 4),
+            GgmlType::Q4_1 => f(20, Some(2), None, 4, 4),
+            GgmlType::Q5_0 => f(22, None, Some(2), 6, 4),
+            GgmlType::Q5_1 => f(24, Some(2), Some(4), 8, 4),
+            GgmlType::Q8_0 => f(34, None, None, 2, 8),
             _ => None,
         }
     }
 
-    /// Offsets of the fields inside one packed group-block: (m, qh, qs).
+    /// Offsets of the fields inside one packed group-block: (m, qh, quants).
     pub const fn packed_offsets(&self) -> (usize, usize, usize) {
         let m = 2 * GROUP;
         let qh = m + if self.m.is_some() { 2 * GROUP } else { 0 };
         let qs = qh + if self.qh.is_some() { 4 * GROUP } else { 0 };
         (m, qh, qs)
     }
+
+    /// Bytes of one group-block.
+    pub const fn group_block(&self) -> usize {
+        GROUP * self.block
+    }
+
+    /// Quant `e` (0..32) of an original block, without its fifth bit.
+    fn quant(&self, blk: &[u8], e: usize) -> u8 {
+        if self.bits == 8 {
+            blk[self.qs + e]
+        } else if e < 16 {
+            blk[self.qs + e] & 0x0f
+        } else {
+            blk[self.qs + e - 16] >> 4
+        }
+    }
 }
 
 /// Rows rounded up to whole groups.
 pub fn padded_rows(rows: usize) -> usize {
     rows.div_ceil(GROUP) * GROUP
+}
+
+/// Write the original blocks of rows `0..8` (`None`: a zero padding row) into one
+/// group-block `dst`.
+fn pack_group_block(f: &Fields, blocks: [Option<&[u8]>; GROUP], dst: &mut [u8]) {
+    let (m_at, qh_at, qs_at) = f.packed_offsets();
+    for (r, blk) in blocks.iter().enumerate() {
+        let Some(blk) = blk else { continue };
+        dst[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+        if let Some(m) = f.m {
+            dst[m_at + 2 * r..m_at + 2 * r + 2].copy_from_slice(&blk[m..m + 2]);
+        }
+        let qh = f.qh.map(|o| u32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]));
+        for l in 0..8 {
+            for k in 0..4 {
+                let e = 4 * l + k;
+                let q = f.quant(blk, e);
+                if f.bits == 8 {
+                    dst[qs_at + 32 * l + 4 * r + k] = q;
+                } else {
+                    dst[qs_at + 32 * (l % 4) + 4 * r + k] |= q << (4 * (l / 4));
+                }
+                if let Some(qh) = qh {
+                    let bit = (qh >> e) & 1;
+                    let at = qh_at + 4 * l + (4 * r + k) / 8;
+                    dst[at] |= (bit as u8) << ((4 * r + k) % 8);
+                }
+            }
+        }
+    }
+}
+
+/// Rebuild row `r`'s original block from a group-block (the inverse of packing).
+pub fn unpack_block(f: &Fields, src: &[u8], r: usize, blk: &mut [u8]) {
+    let (m_at, qh_at, qs_at) = f.packed_offsets();
+    blk[..f.block].fill(0);
+    blk[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+    if let Some(m) = f.m {
+        blk[m..m + 2].copy_from_slice(&src[m_at + 2 * r..m_at + 2 * r + 2]);
+    }
+    let mut qh = 0u32;
+    for l in 0..8 {
+        for k in 0..4 {
+            let e = 4 * l + k;
+            let q = if f.bits == 8 {
+                src[qs_at + 32 * l + 4 * r + k]
+            } else {
+                (src[qs_at + 32 * (l % 4) + 4 * r + k] >> (4 * (l / 4))) & 0x0f
+            };
+            if f.bits == 8 {
+                blk[f.qs + e] = q;
+            } else if e < 16 {
+                blk[f.qs + e] |= q;
+            } else {
+                blk[f.qs + e - 16] |= q << 4;
+            }
+            if f.qh.is_some() {
+                let i = 4 * r + k;
+                qh |= (((src[qh_at + 4 * l + i / 8] >> (i % 8)) & 1) as u32) << e;
+            }
+        }
+    }
+    if let Some(o) = f.qh {
+        blk[o..o + 4].copy_from_slice(&qh.to_le_bytes());
+    }
 }
 
 /// Repack a row-major matrix of `rows` × `cols` elements of `ty` into the interleaved
@@ -60,24 +152,15 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8
     let n_blocks = cols / 32;
     let row_bytes = n_blocks * f.block;
     assert!(cols % 32 == 0 && src.len() >= rows * row_bytes, "pack: source shorter than its rows");
-    let (m_at, qh_at, qs_at) = f.packed_offsets();
-    let group_block = GROUP * f.block;
+    let group_block = f.group_block();
     let mut out = vec![0u8; padded_rows(rows) / GROUP * n_blocks * group_block];
-    for g in 0..padded_rows(rows) / GROUP {
-        for b in 0..n_blocks {
-            let dst = &mut out[(g * n_blocks + b) * group_block..][..group_block];
-            for i in (0..GROUP).filter(|i| g * GROUP + i < rows) {
-                let blk = &src[(g * GROUP + i) * row_bytes + b * f.block..][..f.block];
-                dst[2 * i..2 * i + 2].copy_from_slice(&blk[..2]);
-                if let Some(m) = f.m {
-                    dst[m_at + 2 * i..m_at + 2 * i + 2].copy_from_slice(&blk[m..m + 2]);
-                }
-                if let Some(qh) = f.qh {
-                    dst[qh_at + 4 * i..qh_at + 4 * i + 4].copy_from_slice(&blk[qh..qh + 4]);
-                }
-                dst[qs_at + f.qs_len * i..qs_at + f.qs_len * (i + 1)].copy_from_slice(&blk[f.qs..f.qs + f.qs_len]);
-            }
-        }
+    for (gb, dst) in out.chunks_exact_mut(group_block).enumerate() {
+        let (g, b) = (gb / n_blocks, gb % n_blocks);
+        let blocks = std::array::from_fn(|r| {
+            let row = g * GROUP + r;
+            (row < rows).then(|| &src[row * row_bytes + b * f.block..][..f.block])
+        });
+        pack_group_block(&f, blocks, dst);
     }
     Some(out)
 }
@@ -87,18 +170,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn packing_is_a_permutation_of_the_blocks() {
+    fn unpacking_restores_every_block() {
         for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+            let f = Fields::of(ty).unwrap();
             let (rows, cols) = (13, 96);
             let src: Vec<u8> = (0..rows * cols / 32 * ty.type_size()).map(|i| (i * 7 + 3) as u8).collect();
             let packed = pack(ty, rows, cols, &src).unwrap();
             assert_eq!(packed.len(), 16 * cols / 32 * ty.type_size());
-            let mut a: Vec<u8> = src.clone();
-            let mut b: Vec<u8> = packed.iter().copied().filter(|&x| x != 0).collect();
-            a.retain(|&x| x != 0);
-            a.sort_unstable();
-            b.sort_unstable();
-            assert_eq!(a, b, "{ty}");
+            let n_blocks = cols / 32;
+            let mut blk = [0u8; 34];
+            for row in 0..16 {
+                for b in 0..n_blocks {
+                    let gb = &packed[((row / 8) * n_blocks + b) * f.group_block()..][..f.group_block()];
+                    unpack_block(&f, gb, row % 8, &mut blk);
+                    let want: Vec<u8> = if row < rows {
+                        src[row * n_blocks * f.block + b * f.block..][..f.block].to_vec()
+                    } else {
+                        vec![0; f.block]
+                    };
+                    assert_eq!(&blk[..f.block], &want[..], "{ty} row {row} block {b}");
+                }
+            }
         }
         assert!(pack(GgmlType::Q4_K, 8, 256, &[0; 8 * 144]).is_none());
     }

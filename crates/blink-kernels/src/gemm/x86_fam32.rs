@@ -2,11 +2,11 @@
 //! `Q8_0`) against their 8-bit activations, over the interleaved layout of [`super::pack`].
 //!
 //! Each block's 32 products reduce to eight exact `i32` lanes of four (VNNI `dpbusd`, or
-//! `maddubs` + `madd` on plain AVX2), which are converted and accumulated with one FMA per
-//! block into a per-output 8-lane accumulator: exactly the order of [`DotAcc`], so results
-//! are bit-identical to the scalar reference. A tile is one group of eight weight rows ×
-//! up to `RA` activation rows; the eight scales (and minima) of a group-block are loaded
-//! and converted together.
+//! `maddubs` + `madd` on plain AVX2). The lane-major layout puts lane `l` of eight rows in
+//! one vector, so a `dpbusd` against the activation's lane `l` broadcast gives that lane for
+//! eight rows at once, and one FMA by the eight rows' scales accumulates it: per output the
+//! order of [`DotAcc`] exactly, so results are bit-identical to the scalar reference. The
+//! final `hsum8` over lanes becomes seven vertical adds giving eight outputs together.
 //!
 //! [`DotAcc`]: crate::quant::DotAcc
 
@@ -17,9 +17,8 @@ use std::ops::Range;
 
 use super::pack::{Fields, GROUP};
 use super::Out;
-use crate::quant::reduce::hsum8;
 
-/// How a format's quants become 32 unsigned bytes, and how its activations look.
+/// A 32-element format as the kernel sees it.
 pub(super) trait Fam32 {
     const FIELDS: Fields;
     /// Bytes per activation block (`Q8_0`: 34, `Q8_1`: 36); quants start at `ACT_QS`.
@@ -29,20 +28,34 @@ pub(super) trait Fam32 {
     const OFFSET: i32;
     /// Whether every unpacked quant is below 128 (cheaper products on plain AVX2).
     const SMALL: bool = true;
-
-    /// The 32 quants of one row as unsigned bytes, element `k` in byte `k`.
-    unsafe fn unpack(qs: *const u8, qh: *const u8) -> __m256i;
 }
 
-/// Low nibbles of 16 bytes into bytes 0..16, high nibbles into bytes 16..32.
-#[inline(always)]
-unsafe fn nibbles(qs: *const u8) -> __m256i {
-    let raw = _mm_loadu_si128(qs as *const __m128i);
-    let mask = _mm_set1_epi8(0x0f);
-    let lo = _mm_and_si128(raw, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-    _mm256_set_m128i(hi, lo)
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+pub(super) struct Q5_0;
+pub(super) struct Q5_1;
+pub(super) struct Q8_0;
+
+macro_rules! fam32 {
+    ($t:ident, $act_bytes:expr, $act_qs:expr, $offset:expr, $small:expr) => {
+        impl Fam32 for $t {
+            const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::$t) {
+                Some(f) => f,
+                None => panic!("not a packable type"),
+            };
+            const ACT_BYTES: usize = $act_bytes;
+            const ACT_QS: usize = $act_qs;
+            const OFFSET: i32 = $offset;
+            const SMALL: bool = $small;
+        }
+    };
 }
+
+fam32!(Q4_0, 34, 2, 8, true);
+fam32!(Q4_1, 36, 4, 0, true);
+fam32!(Q5_0, 34, 2, 16, true);
+fam32!(Q5_1, 36, 4, 0, true);
+fam32!(Q8_0, 34, 2, 128, false);
 
 /// Bit `k` of the 32-bit word at `qh` as value 16 in byte `k`.
 #[inline(always)]
@@ -57,40 +70,26 @@ unsafe fn fifth_bits(qh: *const u8) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(16))
 }
 
-pub(super) struct Q4_0;
-pub(super) struct Q4_1;
-pub(super) struct Q5_0;
-pub(super) struct Q5_1;
-pub(super) struct Q8_0;
-
-macro_rules! fam32 {
-    ($t:ident, $ty:ident, $act_bytes:expr, $act_qs:expr, $offset:expr, $small:expr, |$qs:ident, $qh:ident| $unpack:expr) => {
-        impl Fam32 for $t {
-            const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::$ty) {
-                Some(f) => f,
-                None => panic!("not a packable type"),
-            };
-            const ACT_BYTES: usize = $act_bytes;
-            const ACT_QS: usize = $act_qs;
-            const OFFSET: i32 = $offset;
-            const SMALL: bool = $small;
-            #[inline(always)]
-            unsafe fn unpack($qs: *const u8, $qh: *const u8) -> __m256i {
-                $unpack
-            }
-        }
-    };
+/// Lanes `l` and `l + 4` of eight rows as unsigned bytes (`q + OFFSET`).
+#[inline(always)]
+unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize) -> (__m256i, __m256i) {
+    let (_, qh_at, qs_at) = F::FIELDS.packed_offsets();
+    if F::FIELDS.bits == 8 {
+        let flip = _mm256_set1_epi8(-128);
+        let lo = _mm256_xor_si256(_mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i), flip);
+        let hi = _mm256_xor_si256(_mm256_loadu_si256(gb.add(qs_at + 32 * (l + 4)) as *const __m256i), flip);
+        return (lo, hi);
+    }
+    let raw = _mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i);
+    let mask = _mm256_set1_epi8(0x0f);
+    let mut lo = _mm256_and_si256(raw, mask);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
+    if F::FIELDS.qh.is_some() {
+        lo = _mm256_or_si256(lo, fifth_bits(gb.add(qh_at + 4 * l)));
+        hi = _mm256_or_si256(hi, fifth_bits(gb.add(qh_at + 4 * (l + 4))));
+    }
+    (lo, hi)
 }
-
-fam32!(Q4_0, Q4_0, 34, 2, 8, true, |qs, _qh| nibbles(qs));
-fam32!(Q4_1, Q4_1, 36, 4, 0, true, |qs, _qh| nibbles(qs));
-fam32!(Q5_0, Q5_0, 34, 2, 16, true, |qs, qh| _mm256_or_si256(nibbles(qs), fifth_bits(qh)));
-fam32!(Q5_1, Q5_1, 36, 4, 0, true, |qs, qh| _mm256_or_si256(nibbles(qs), fifth_bits(qh)));
-// q + 128 as an unsigned byte is q with its sign bit flipped.
-fam32!(Q8_0, Q8_0, 34, 2, 128, false, |qs, _qh| _mm256_xor_si256(
-    _mm256_loadu_si256(qs as *const __m256i),
-    _mm256_set1_epi8(-128)
-));
 
 /// Lane sums of unsigned × signed bytes: lane `l` = Σ u[k]·s[k] for k in 4l..4l+4.
 pub(super) trait DotU8I8 {
@@ -141,13 +140,12 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
-/// One tile: rows `r0..r0 + RW` of a packed group × `RA` activation rows. Writes the
-/// rows below `live`.
+/// One tile: the eight rows of a packed group × `RA` activation rows. Writes the rows
+/// below `live`.
 #[inline(always)]
-unsafe fn tile<F: Fam32, D: DotU8I8, const RW: usize, const RA: usize>(
+unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     n_blocks: usize,
     w: *const u8,
-    r0: usize,
     a: *const u8,
     a_stride: usize,
     out: *mut f32,
@@ -156,74 +154,86 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RW: usize, const RA: usize>(
     live: usize,
 ) {
     let fields = F::FIELDS;
-    let (m_at, qh_at, qs_at) = fields.packed_offsets();
-    let group_block = GROUP * fields.block;
+    let (m_at, _, _) = fields.packed_offsets();
+    let group_block = fields.group_block();
     let has_min = fields.m.is_some();
-    let mut acc = [[_mm256_setzero_ps(); RW]; RA];
+    let mut acc = [[_mm256_setzero_ps(); 8]; RA];
     let mut tail = [_mm256_setzero_ps(); RA];
+    let mut offsets = [[0i32; 8]; RA];
     let ones = _mm256_set1_epi8(1);
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
         let dw = f16x8(gb);
-        let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
-        let wq: [__m256i; RW] = std::array::from_fn(|i| {
-            let row = r0 + i;
-            F::unpack(gb.add(qs_at + row * fields.qs_len), gb.add(qh_at + 4 * row))
-        });
+        let mut scales = [_mm256_setzero_ps(); RA];
+        let mut aq = [std::ptr::null::<u8>(); RA];
         for j in 0..RA {
             let ab = a.add(j * a_stride + b * F::ACT_BYTES);
-            let aq = _mm256_loadu_si256(ab.add(F::ACT_QS) as *const __m256i);
-            let scales = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(ab)));
+            aq[j] = ab.add(F::ACT_QS);
+            scales[j] = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(ab)));
             if has_min {
+                let mw = f16x8(gb.add(m_at));
                 tail[j] = _mm256_add_ps(tail[j], _mm256_mul_ps(mw, _mm256_set1_ps(f16_at(ab.add(2)))));
             }
-            let offset = if F::OFFSET != 0 {
-                // OFFSET is a power of two: shift Σa per lane.
-                _mm256_sllv_epi32(D::dot_small(ones, aq), _mm256_set1_epi32(F::OFFSET.trailing_zeros() as i32))
-            } else {
-                _mm256_setzero_si256()
-            };
-            for i in 0..RW {
-                let mut lanes = if F::SMALL { D::dot_small(wq[i], aq) } else { D::dot(wq[i], aq) };
-                if F::OFFSET != 0 {
-                    lanes = _mm256_sub_epi32(lanes, offset);
+            if F::OFFSET != 0 {
+                // OFFSET · Σa per lane, broadcast below from memory.
+                let sums = D::dot_small(ones, _mm256_loadu_si256(aq[j] as *const __m256i));
+                let shifted = _mm256_sllv_epi32(sums, _mm256_set1_epi32(F::OFFSET.trailing_zeros() as i32));
+                _mm256_storeu_si256(offsets[j].as_mut_ptr() as *mut __m256i, shifted);
+            }
+        }
+        for l in 0..4 {
+            let (w_lo, w_hi) = unpack_lanes::<F>(gb, l);
+            for j in 0..RA {
+                for (lane, wv) in [(l, w_lo), (l + 4, w_hi)] {
+                    let a4 = _mm256_set1_epi32((aq[j].add(4 * lane) as *const i32).read_unaligned());
+                    let mut sums = if F::SMALL { D::dot_small(wv, a4) } else { D::dot(wv, a4) };
+                    if F::OFFSET != 0 {
+                        sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(offsets[j][lane]));
+                    }
+                    acc[j][lane] = _mm256_fmadd_ps(scales[j], _mm256_cvtepi32_ps(sums), acc[j][lane]);
                 }
-                let scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32((r0 + i) as i32));
-                acc[j][i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[j][i]);
             }
         }
     }
     for j in 0..RA {
-        let mut tails = [0f32; GROUP];
-        _mm256_storeu_ps(tails.as_mut_ptr(), tail[j]);
-        for i in 0..RW.min(live.saturating_sub(r0)) {
-            let mut l = [0f32; 8];
-            _mm256_storeu_ps(l.as_mut_ptr(), acc[j][i]);
-            let v = hsum8(&l) + tails[r0 + i];
-            let o = out.add(j * ld + r0 + i);
-            if accumulate {
-                *o += v;
-            } else {
-                *o = v;
+        // hsum8 over lanes, for eight rows at once.
+        let c = &acc[j];
+        let v = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
+            _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])),
+        );
+        let v = _mm256_add_ps(v, tail[j]);
+        let o = out.add(j * ld);
+        if live == GROUP {
+            let v = if accumulate { _mm256_add_ps(_mm256_loadu_ps(o), v) } else { v };
+            _mm256_storeu_ps(o, v);
+        } else {
+            let mut vals = [0f32; GROUP];
+            _mm256_storeu_ps(vals.as_mut_ptr(), v);
+            for (i, &x) in vals.iter().enumerate().take(live) {
+                if accumulate {
+                    *o.add(i) += x;
+                } else {
+                    *o.add(i) = x;
+                }
             }
         }
     }
 }
 
-/// Tile shape: weight rows per pass over a group, activation rows per pass.
+/// Activation rows per tile when there are several.
 pub(super) trait Shape {
-    /// Several activation rows: (rows, acts).
-    const WIDE: (usize, usize);
+    const WIDE: usize;
 }
 
 impl Shape for Vnni {
-    // 32 vector registers: 16 accumulators + 4 weight rows + temporaries.
-    const WIDE: (usize, usize) = (4, 4);
+    // 32 vector registers: 24 accumulators, 2 weight lanes and temporaries.
+    const WIDE: usize = 3;
 }
 
 impl Shape for Avx2 {
-    // 16 vector registers: 8 accumulators + 4 weight rows + temporaries.
-    const WIDE: (usize, usize) = (4, 2);
+    // 16 vector registers: 8 accumulators, 2 weight lanes and temporaries.
+    const WIDE: usize = 1;
 }
 
 /// `out[r][i] (+)= w_i · a_r` for `i` in `rows` (which must start on a group boundary),
@@ -232,29 +242,21 @@ impl Shape for Avx2 {
 unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     assert!(rows.start % GROUP == 0, "row ranges of packed matrices start on a group");
     let n_blocks = cols / 32;
-    let group_bytes = n_blocks * GROUP * F::FIELDS.block;
+    let group_bytes = n_blocks * F::FIELDS.group_block();
     assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + n_blocks * F::ACT_BYTES, "activations too short");
-    let (rw, ra) = D::WIDE;
     for g in (rows.start..rows.end).step_by(GROUP) {
         let live = (rows.end - g).min(GROUP);
         let wg = w.as_ptr().add(g / GROUP * group_bytes);
         let ot = |j: usize| out.ptr.add(j * out.ld + g);
         let at = |j: usize| act.as_ptr().add(j * act_stride);
         let mut j = 0;
-        // Several activation rows: half-groups × `ra` rows.
-        while n_act - j >= ra {
-            for r0 in (0..live).step_by(rw) {
-                match D::WIDE {
-                    (4, 4) => tile::<F, D, 4, 4>(n_blocks, wg, r0, at(j), act_stride, ot(j), out.ld, out.accumulate, live),
-                    _ => tile::<F, D, 4, 2>(n_blocks, wg, r0, at(j), act_stride, ot(j), out.ld, out.accumulate, live),
-                }
-            }
-            j += ra;
+        while n_act - j >= D::WIDE && D::WIDE == 3 {
+            tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+            j += 3;
         }
-        // The rest one at a time, a whole group per pass.
         while j < n_act {
-            tile::<F, D, GROUP, 1>(n_blocks, wg, 0, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
             j += 1;
         }
     }

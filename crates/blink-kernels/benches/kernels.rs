@@ -1,0 +1,91 @@
+//! Micro-benchmarks of the hot kernels: GEMV (one activation row) and GEMM (64 rows) per
+//! weight type on every kernel path this CPU has, and attention over a long context.
+//!
+//! `cargo bench -p blink-kernels` (add `-- gemm/Q4_1` to filter).
+
+use blink_gguf::GgmlType;
+use blink_kernels::attention::{self, Online};
+use blink_kernels::cpu::Isa;
+use blink_kernels::gemm::{gemm, prepare, Layout, Out};
+use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use half::f16;
+
+const ROWS: usize = 1536;
+const COLS: usize = 576;
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 20001) as f32 / 10000.0 - 1.0
+        })
+        .collect()
+}
+
+fn paths() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()).collect()
+}
+
+fn bench_gemm(c: &mut Criterion) {
+    let mut group = c.benchmark_group("gemm");
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        let mut w = vec![0u8; ty.row_bytes((ROWS * COLS) as u64).unwrap() as usize];
+        quantize_weights(ty, &values(ROWS * COLS, 1), &mut w).unwrap();
+        let act_ty = vec_dot_type(ty);
+        let stride = act_ty.row_bytes(COLS as u64).unwrap() as usize;
+        for n_act in [1usize, 64] {
+            let mut act = vec![0u8; n_act * stride];
+            let x = values(n_act * COLS, 2);
+            for r in 0..n_act {
+                quantize_row(act_ty, &x[r * COLS..(r + 1) * COLS], &mut act[r * stride..(r + 1) * stride]);
+            }
+            let mut out = vec![0f32; n_act * ROWS];
+            group.throughput(Throughput::Elements((ROWS * COLS * n_act) as u64));
+            for isa in paths() {
+                let packed = prepare(isa, ty, ROWS, COLS, &w);
+                let (layout, bytes) = match &packed {
+                    Some(p) => (Layout::Packed, p.as_slice()),
+                    None => (Layout::RowMajor, w.as_slice()),
+                };
+                if isa == Isa::Scalar && n_act > 1 {
+                    continue; // minutes per sample; the scalar path is the oracle, not a contender
+                }
+                let id = BenchmarkId::new(format!("{ty}/{isa}"), n_act);
+                group.bench_function(id, |b| {
+                    b.iter(|| unsafe {
+                        gemm(isa, ty, layout, COLS, bytes, 0..ROWS, &act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false })
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+fn bench_attention(c: &mut Criterion) {
+    let (hd, n) = (64usize, 512usize);
+    let q: Vec<f32> = values(hd, 3).iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+    let k: Vec<f16> = values(n * hd, 4).iter().map(|&v| f16::from_f32(v)).collect();
+    let v: Vec<f16> = values(n * hd, 5).iter().map(|&v| f16::from_f32(v)).collect();
+    let mut group = c.benchmark_group("attention");
+    group.throughput(Throughput::Elements(n as u64));
+    for isa in paths() {
+        group.bench_function(BenchmarkId::new(format!("f16-hd{hd}"), isa), |b| {
+            let mut acc = vec![0f32; hd];
+            b.iter(|| {
+                let mut st = Online::default();
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                attention::attend(isa, &q, &k, &v, n, 0.125, &mut st, &mut acc);
+                st.finish(&mut acc);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_gemm, bench_attention);
+criterion_main!(benches);
