@@ -7,6 +7,7 @@
 pub mod perplexity;
 pub mod rng;
 pub mod sampling;
+pub mod serve;
 pub mod session;
 pub mod stop;
 

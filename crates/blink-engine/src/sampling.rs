@@ -121,8 +121,8 @@ impl Sampler {
         p.repeat_last_n > 0 && (p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0)
     }
 
-    /// Apply the penalties to `logits` in place.
-    fn apply_penalties(&mut self, logits: &mut [f32]) {
+    /// Apply the repetition/frequency/presence penalties to `logits` in place.
+    pub fn penalize(&mut self, logits: &mut [f32]) {
         if !self.penalties_active() || self.recent.is_empty() {
             return;
         }
@@ -143,7 +143,12 @@ impl Sampler {
 
     /// Pick the next token from `logits` (modified in place by the penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        self.apply_penalties(logits);
+        self.penalize(logits);
+        self.pick(logits)
+    }
+
+    /// Pick the next token from already penalized `logits`.
+    pub fn pick(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature <= 0.0 {
             return argmax(logits);
         }

@@ -1,13 +1,39 @@
 //! The key/value cache: a pool of fixed-size blocks shared by all sequences.
 //!
-//! Each sequence owns a block table; position `p` of a sequence lives in block
+//! Each sequence has a block table; position `p` of a sequence lives in block
 //! `table[p / BLOCK_TOKENS]` at slot `p % BLOCK_TOKENS`. Within a layer a block holds, per
 //! KV head, `BLOCK_TOKENS` rows of `head_dim` values, so one head's keys are contiguous
 //! inside a block. Storage is f16 (as llama.cpp keeps it) or f32, and is zero-initialised
 //! lazily by the OS, so an unused budget costs address space, not memory.
+//!
+//! Full blocks of a prompt can be published to a prefix cache ([`pool`]); a later sequence
+//! starting with the same tokens attaches them instead of recomputing them. Shared blocks
+//! are only ever read: a sequence writes past its attached prefix, into its own blocks.
+
+mod pool;
+
+use pool::{chain_hash, BlockPool};
 
 use half::f16;
 use thiserror::Error;
+
+/// A vector of `n` zeros whose pages the OS provides lazily (`alloc_zeroed`), so an
+/// unused part of the cache costs no memory. `vec![x; n]` would write every element.
+fn zeroed<T: KvElem>(n: usize) -> Vec<T> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let layout = std::alloc::Layout::array::<T>(n).expect("cache size fits the address space");
+    // SAFETY: f16 and f32 (the only KvElem types) are valid as all-zero bits; the pointer
+    // comes from the global allocator with exactly this layout, as Vec requires.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(ptr, n, n)
+    }
+}
 
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -127,7 +153,7 @@ pub struct KvCache {
     layout: KvLayout,
     n_blocks: usize,
     data: KvData,
-    free: Vec<u32>,
+    pool: BlockPool,
     seqs: Vec<Option<SeqBlocks>>,
 }
 
@@ -138,14 +164,14 @@ impl KvCache {
         let layout = KvLayout::new(n_layers, n_kv_heads, head_dim, n_blocks);
         let elems = n_layers * layout.layer_elems;
         let data = match ty {
-            KvType::F16 => KvData::F16(KvStore { k: vec![f16::ZERO; elems], v: vec![f16::ZERO; elems] }),
-            KvType::F32 => KvData::F32(KvStore { k: vec![0f32; elems], v: vec![0f32; elems] }),
+            KvType::F16 => KvData::F16(KvStore { k: zeroed(elems), v: zeroed(elems) }),
+            KvType::F32 => KvData::F32(KvStore { k: zeroed(elems), v: zeroed(elems) }),
         };
         KvCache {
             layout,
             n_blocks,
             data,
-            free: (0..n_blocks as u32).rev().collect(),
+            pool: BlockPool::new(n_blocks),
             seqs: Vec::new(),
         }
     }
@@ -176,9 +202,14 @@ impl KvCache {
         self.n_blocks
     }
 
-    /// Blocks not owned by any sequence.
+    /// Blocks not owned by any sequence (free, or cached and evictable).
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.pool.available()
+    }
+
+    /// Blocks without owners that still hold a cached prefix.
+    pub fn cached_blocks(&self) -> usize {
+        self.pool.cached()
     }
 
     /// Token capacity of the whole pool.
@@ -197,10 +228,12 @@ impl KvCache {
         }
     }
 
-    /// Release a sequence and its blocks.
+    /// Release a sequence and its blocks (published ones stay cached for reuse).
     pub fn free_seq(&mut self, id: SeqId) {
         if let Some(seq) = self.seqs.get_mut(id).and_then(Option::take) {
-            self.free.extend(seq.table.iter().rev());
+            for &b in seq.table.iter().rev() {
+                self.pool.release(b);
+            }
         }
     }
 
@@ -222,18 +255,26 @@ impl KvCache {
         Ok(&self.seq(id)?.table)
     }
 
+    /// Make sure `id` has blocks for `tokens` tokens, without changing its length. Either
+    /// every needed block is allocated or nothing changes.
+    pub fn reserve(&mut self, id: SeqId, tokens: usize) -> Result<(), KvError> {
+        let have = self.seq(id)?.table.len();
+        let needed = Self::blocks_for(tokens).saturating_sub(have);
+        if needed > self.pool.available() {
+            return Err(KvError::Full { needed, free: self.pool.available() });
+        }
+        for _ in 0..needed {
+            let b = self.pool.alloc().expect("availability checked above");
+            self.seqs[id].as_mut().expect("checked above").table.push(b);
+        }
+        Ok(())
+    }
+
     /// Make room for `id` to hold `len` tokens and record that length. Either every needed
     /// block is allocated or nothing changes.
     pub fn grow(&mut self, id: SeqId, len: usize) -> Result<(), KvError> {
-        let have = self.seq(id)?.table.len();
-        let needed = Self::blocks_for(len).saturating_sub(have);
-        if needed > self.free.len() {
-            return Err(KvError::Full { needed, free: self.free.len() });
-        }
-        let start = self.free.len() - needed;
-        let new_blocks: Vec<u32> = self.free.drain(start..).rev().collect();
+        self.reserve(id, len)?;
         let seq = self.seq_mut(id)?;
-        seq.table.extend(new_blocks);
         seq.len = seq.len.max(len);
         Ok(())
     }
@@ -247,7 +288,44 @@ impl KvCache {
         }
         seq.len = len;
         let released: Vec<u32> = seq.table.drain(keep.min(seq.table.len())..).collect();
-        self.free.extend(released.into_iter().rev());
+        for b in released.into_iter().rev() {
+            self.pool.release(b);
+        }
+        Ok(())
+    }
+
+    /// Attach to the empty sequence `id` the cached blocks that hold a prefix of `tokens`,
+    /// leaving at least one token to compute. Returns how many tokens were attached.
+    pub fn attach_prefix(&mut self, id: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
+        if self.seq(id)?.len != 0 {
+            return Ok(0);
+        }
+        let usable = tokens.len().saturating_sub(1) / BLOCK_TOKENS;
+        let mut hash = 0;
+        let mut attached = 0;
+        for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(usable) {
+            hash = chain_hash(hash, chunk);
+            let Some(b) = self.pool.lookup(hash, chunk) else { break };
+            self.pool.retain(b);
+            let seq = self.seqs[id].as_mut().expect("checked above");
+            seq.table.push(b);
+            seq.len += BLOCK_TOKENS;
+            attached += BLOCK_TOKENS;
+        }
+        Ok(attached)
+    }
+
+    /// Publish the full blocks of `id` whose tokens (`tokens`, the sequence so far) are
+    /// computed, so later sequences can attach them.
+    pub fn publish_prefix(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
+        let seq = self.seq(id)?;
+        let full = seq.len.min(tokens.len()) / BLOCK_TOKENS;
+        let mut hash = 0;
+        for (i, chunk) in tokens.chunks_exact(BLOCK_TOKENS).take(full).enumerate() {
+            hash = chain_hash(hash, chunk);
+            let b = self.seqs[id].as_ref().expect("checked above").table[i];
+            self.pool.publish(b, hash, chunk);
+        }
         Ok(())
     }
 }
@@ -271,6 +349,37 @@ mod tests {
         assert_eq!(kv.grow(b, 50), Err(KvError::Full { needed: 4, free: 2 }));
         assert_eq!(kv.free_blocks(), 2);
         assert_eq!(kv.seq_len(b).unwrap(), 0);
+    }
+
+    #[test]
+    fn prefixes_are_shared_cached_and_evicted() {
+        let mut kv = cache(6);
+        let prompt: Vec<u32> = (0..40).collect();
+        let a = kv.new_seq();
+        kv.grow(a, 40).unwrap();
+        kv.publish_prefix(a, &prompt).unwrap();
+        // A second sequence with the same prompt attaches the two full blocks.
+        let b = kv.new_seq();
+        assert_eq!(kv.attach_prefix(b, &prompt).unwrap(), 32);
+        assert_eq!(kv.block_table(b).unwrap(), &kv.block_table(a).unwrap()[..2]);
+        assert_eq!(kv.seq_len(b).unwrap(), 32);
+        // A prompt of exactly two blocks keeps its last token to compute: one block attaches.
+        let c = kv.new_seq();
+        assert_eq!(kv.attach_prefix(c, &prompt[..32]).unwrap(), 16);
+        kv.free_seq(a);
+        kv.free_seq(b);
+        kv.free_seq(c);
+        // All blocks are available again; two of them still hold the cached prefix.
+        assert_eq!((kv.free_blocks(), kv.cached_blocks()), (6, 2));
+        let d = kv.new_seq();
+        assert_eq!(kv.attach_prefix(d, &prompt).unwrap(), 32);
+        kv.free_seq(d);
+        // Filling the cache evicts the cached blocks.
+        let e = kv.new_seq();
+        kv.grow(e, 96).unwrap();
+        assert_eq!(kv.cached_blocks(), 0);
+        let f = kv.new_seq();
+        assert_eq!(kv.attach_prefix(f, &prompt).unwrap(), 0);
     }
 
     #[test]

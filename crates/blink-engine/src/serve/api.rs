@@ -1,0 +1,101 @@
+//! The serving engine's public interface: requests in, token events out.
+//!
+//! A front end (the HTTP server) tokenizes, submits a [`Request`] and reads [`Event`]s from
+//! the returned [`Submission`]. Dropping the submission (a client went away) cancels the
+//! request; the engine frees its sequence at the next step. Events carry token ids only:
+//! detokenization and stop strings are the front end's job, off the compute path.
+
+use serde::Serialize;
+
+use crate::sampling::SamplingParams;
+use crate::session::FinishReason;
+
+/// One generation request, already tokenized and validated.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Prompt token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (≥ 1).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Return the chosen token's log-probability and this many alternatives per step.
+    pub logprobs: Option<usize>,
+    /// Keep generating through end-of-generation tokens.
+    pub ignore_eos: bool,
+}
+
+/// Log-probability information for one generated token.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenLogprobs {
+    /// Natural log-probability of the chosen token.
+    pub logprob: f32,
+    /// The most likely tokens at this step, best first, with their log-probabilities.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What the engine reports about a request, in order.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// A generated token (end-of-generation tokens are not sent).
+    Token { id: u32, logprobs: Option<TokenLogprobs> },
+    /// Generation ended; no further events follow.
+    Finished { reason: FinishReason, usage: Usage },
+    /// The request failed; no further events follow.
+    Failed(String),
+}
+
+/// Token accounting of a finished request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache instead of being computed.
+    pub cached_tokens: usize,
+}
+
+/// Why a request was not accepted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the server is busy: {0} requests are already waiting")]
+    QueueFull(usize),
+    #[error("the request needs {needed} tokens of KV cache but the whole cache holds {capacity}")]
+    TooLarge { needed: usize, capacity: usize },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// A snapshot of the engine's state and counters, for metrics.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EngineStats {
+    /// Requests waiting for admission.
+    pub queue_depth: usize,
+    /// Sequences being prefilled or decoded.
+    pub running: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    /// Blocks held only by the prefix cache (reusable).
+    pub kv_blocks_cached: usize,
+    pub requests_finished: u64,
+    pub prompt_tokens_total: u64,
+    pub prompt_tokens_cached: u64,
+    pub generated_tokens_total: u64,
+    pub steps_total: u64,
+    /// Rows in the last step.
+    pub last_batch_rows: usize,
+    /// Total wall time of steps, and the part spent in the forward pass, in seconds.
+    pub step_seconds_total: f64,
+    pub compute_seconds_total: f64,
+}
+
+impl EngineStats {
+    /// Share of step time not spent computing: `1 − compute/step`.
+    pub fn f_ctrl(&self) -> f64 {
+        if self.step_seconds_total > 0.0 {
+            1.0 - self.compute_seconds_total / self.step_seconds_total
+        } else {
+            0.0
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Continuous batching: one engine thread runs iteration-level scheduling over all
+//! requests, packing decode rows and chunks of pending prefills into each step.
+//!
+//! Front ends talk to it through [`Engine`] (cheap to clone): `submit` a [`Request`], read
+//! [`Event`]s from the [`Submission`]. Requests and events cross between the front end's
+//! threads and the engine thread through channels; the engine thread never blocks on a
+//! client. See `api` for the types and `scheduler` for the step loop.
+
+mod api;
+mod scheduler;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use blink_model::{KvType, Model};
+use tokio::sync::mpsc as tmpsc;
+
+pub use api::{EngineStats, Event, Request, SubmitError, TokenLogprobs, Usage};
+
+/// Sizes and limits of the serving engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Compute threads.
+    pub n_threads: usize,
+    /// Token capacity of the KV cache over all sequences (the memory budget).
+    pub kv_tokens: usize,
+    /// Longest sequence (prompt + generated) one request may have.
+    pub max_seq_len: usize,
+    /// Prompt tokens evaluated per step (chunked prefill budget).
+    pub step_tokens: usize,
+    /// Most sequences running at once.
+    pub max_running: usize,
+    /// Most requests waiting for admission; more are refused with `QueueFull`.
+    pub max_queue: usize,
+    pub kv_type: KvType,
+    /// Reuse the KV blocks of shared prompt prefixes.
+    pub prefix_cache: bool,
+}
+
+/// What the front end sends to the engine thread.
+enum Command {
+    Submit { request: Request, events: tmpsc::UnboundedSender<Event> },
+    Shutdown,
+}
+
+struct Shared {
+    commands: Mutex<mpsc::Sender<Command>>,
+    stats: Arc<Mutex<EngineStats>>,
+    /// Requests submitted but not yet admitted (kept here so `submit` can bound it).
+    waiting: Arc<AtomicU64>,
+    next_id: AtomicU64,
+    config: EngineConfig,
+    capacity_tokens: usize,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A handle to the engine thread. Clones share the engine; it stops when the last one drops.
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+/// A submitted request's event stream. Dropping it cancels the request.
+pub struct Submission {
+    pub id: u64,
+    events: tmpsc::UnboundedReceiver<Event>,
+}
+
+impl Submission {
+    /// The next event; `None` once the request has finished or failed.
+    pub async fn next(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// As `next`, blocking the calling (non-async) thread.
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        self.events.blocking_recv()
+    }
+}
+
+impl Engine {
+    /// Start the engine thread for `model`; `eog` are the end-of-generation token ids.
+    pub fn start(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig) -> Engine {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(EngineStats::default()));
+        let waiting = Arc::new(AtomicU64::new(0));
+        let sched = scheduler::Scheduler::new(model, eog, &config, stats.clone(), waiting.clone());
+        let capacity_tokens = sched.capacity_tokens();
+        let thread = std::thread::Builder::new()
+            .name("blink-engine".into())
+            .spawn(move || sched.run(rx))
+            .expect("failed to spawn the engine thread");
+        Engine {
+            shared: Arc::new(Shared {
+                commands: Mutex::new(tx),
+                stats,
+                waiting,
+                next_id: AtomicU64::new(1),
+                config,
+                capacity_tokens,
+                thread: Mutex::new(Some(thread)),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
+    /// Queue a request. Fails at once if it can never fit or the queue is full.
+    pub fn submit(&self, request: Request) -> Result<Submission, SubmitError> {
+        let s = &*self.shared;
+        if request.prompt.is_empty() {
+            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        }
+        if request.max_tokens == 0 {
+            return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
+        }
+        let needed = request.prompt.len() + request.max_tokens;
+        if needed > s.config.max_seq_len {
+            return Err(SubmitError::Invalid(format!(
+                "prompt ({} tokens) plus max_tokens ({}) exceeds the context size of {}",
+                request.prompt.len(),
+                request.max_tokens,
+                s.config.max_seq_len
+            )));
+        }
+        if needed > s.capacity_tokens {
+            return Err(SubmitError::TooLarge { needed, capacity: s.capacity_tokens });
+        }
+        if let Err(e) = request.sampling.validate() {
+            return Err(SubmitError::Invalid(e));
+        }
+        let waiting = s.waiting.fetch_add(1, Ordering::AcqRel) as usize;
+        if waiting >= s.config.max_queue {
+            s.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::QueueFull(waiting));
+        }
+        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events_tx, events_rx) = tmpsc::unbounded_channel();
+        let sent = s
+            .commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Command::Submit { request, events: events_tx });
+        if sent.is_err() {
+            s.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(Submission { id, events: events_rx })
+    }
+
+    /// A snapshot of the engine's counters.
+    pub fn stats(&self) -> EngineStats {
+        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let _ = self.commands.lock().unwrap_or_else(|e| e.into_inner()).send(Command::Shutdown);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}

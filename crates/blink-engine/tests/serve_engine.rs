@@ -1,0 +1,127 @@
+//! The continuous-batching engine on the real model: every request in a crowded batch gets
+//! exactly the tokens it gets alone; cancelled requests free their cache; shared prefixes
+//! are reused.
+
+use std::sync::Arc;
+
+use blink_engine::serve::{Engine, EngineConfig, Event, Request};
+use blink_engine::{FinishReason, GenerateParams, SamplingParams, Session, SessionConfig};
+use blink_model::tokenizer::Tokenizer;
+use blink_model::{KvType, Model};
+
+fn model() -> (Arc<Model>, Tokenizer) {
+    let path = blink_model::fetch::ensure_default_model().unwrap();
+    let model = Model::load(&path).unwrap();
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    (Arc::new(model), tok)
+}
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        n_threads: 2,
+        kv_tokens: 8192,
+        max_seq_len: 512,
+        step_tokens: 64,
+        max_running: 8,
+        max_queue: 64,
+        kv_type: KvType::F16,
+        prefix_cache: true,
+    }
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), logprobs: None, ignore_eos: false }
+}
+
+/// Collect a submission's tokens and finish reason.
+fn collect(sub: &mut blink_engine::serve::Submission) -> (Vec<u32>, FinishReason, usize) {
+    let mut tokens = Vec::new();
+    loop {
+        match sub.blocking_next().expect("stream ends with Finished") {
+            Event::Token { id, .. } => tokens.push(id),
+            Event::Finished { reason, usage } => {
+                assert_eq!(usage.completion_tokens, tokens.len());
+                return (tokens, reason, usage.cached_tokens);
+            }
+            Event::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Once upon a time, there was a little",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "List three animals that live in the ocean, and explain in detail how each of them breathes, eats and sleeps, with examples",
+    "In 1492,",
+];
+
+#[test]
+fn batched_requests_match_their_solo_runs() {
+    let (model, tok) = model();
+    // Solo references from a single-sequence session.
+    let solo: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| {
+            let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
+            let params = GenerateParams { max_tokens: Some(24), sampling: SamplingParams::greedy(), ..Default::default() };
+            s.generate(&tok, &tok.encode(p, false, true), &params, &mut |_| {}).unwrap().tokens
+        })
+        .collect();
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    // All at once, so prefills and decodes of different sequences share steps.
+    let mut subs: Vec<_> = PROMPTS.iter().map(|p| engine.submit(greedy(tok.encode(p, false, true), 24)).unwrap()).collect();
+    for (i, sub) in subs.iter_mut().enumerate() {
+        let (tokens, _, _) = collect(sub);
+        assert_eq!(tokens, solo[i], "prompt {:?} differs in a batch", PROMPTS[i]);
+    }
+    let stats = engine.stats();
+    assert_eq!(stats.running, 0);
+    assert!(stats.steps_total > 0 && stats.f_ctrl() >= 0.0 && stats.f_ctrl() < 1.0);
+}
+
+#[test]
+fn cancelled_requests_free_their_cache_and_prefixes_are_reused() {
+    let (model, tok) = model();
+    let engine = Engine::start(model, tok.eog_ids().to_vec(), config());
+    let system = "You are a helpful assistant. Answer briefly and precisely, and never make things up. ".repeat(3);
+    let prompt = |q: &str| tok.encode(&format!("{system}{q}"), false, true);
+
+    // First request computes the shared prefix; the second reuses it.
+    let mut a = engine.submit(greedy(prompt("What is the sun?"), 4)).unwrap();
+    let (_, _, cached_a) = collect(&mut a);
+    let mut b = engine.submit(greedy(prompt("What is the moon?"), 4)).unwrap();
+    let (_, _, cached_b) = collect(&mut b);
+    assert_eq!(cached_a, 0);
+    assert!(cached_b >= 32, "the shared system prompt should come from the cache, got {cached_b}");
+
+    // A long request dropped mid-stream frees its sequence.
+    let mut c = engine.submit(greedy(prompt("Tell me a long story."), 400)).unwrap();
+    for _ in 0..3 {
+        assert!(matches!(c.blocking_next(), Some(Event::Token { .. })));
+    }
+    drop(c);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = engine.stats();
+        if s.running == 0 && s.kv_blocks_used == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "cancelled request still holds the cache: {s:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn oversized_and_invalid_requests_are_refused() {
+    let (model, tok) = model();
+    let engine = Engine::start(model, tok.eog_ids().to_vec(), config());
+    assert!(engine.submit(greedy(vec![], 4)).is_err());
+    assert!(engine.submit(greedy(vec![1; 500], 100)).is_err());
+    assert!(engine.submit(greedy(vec![1, 2], 0)).is_err());
+    let bad = Request { sampling: SamplingParams { top_p: 7.0, ..SamplingParams::greedy() }, ..greedy(vec![1, 2], 4) };
+    assert!(engine.submit(bad).is_err());
+}
