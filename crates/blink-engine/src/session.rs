@@ -91,6 +91,9 @@ impl<'m> Session<'m> {
         let n_batch = cfg.n_batch.clamp(1, n_ctx);
         let mut kv = model.new_kv_cache(n_ctx, cfg.kv_type);
         let seq = kv.new_seq();
+        // The one sequence owns the whole cache; taking its blocks now keeps decoding
+        // free of allocations (the memory itself is still touched lazily).
+        kv.reserve(seq, n_ctx).expect("a fresh cache holds its own size");
         Session {
             model,
             pool: ThreadPool::new(cfg.n_threads),

@@ -1,0 +1,80 @@
+//! The decode hot path allocates nothing in steady state: a forward step and sampling,
+//! repeated, make no heap allocation (checked with a counting global allocator).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use blink_engine::{Sampler, SamplingParams};
+use blink_kernels::pool::ThreadPool;
+use blink_model::{KvType, Model, Scratch, StepRow};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn decode_steps_and_sampling_do_not_allocate() {
+    let path = blink_model::fetch::ensure_default_model().unwrap();
+    let model = Model::load(&path).unwrap();
+    let pool = ThreadPool::new(2);
+    let batch = 4;
+    let mut kv = model.new_kv_cache(batch * 128, KvType::F16);
+    // As the serving engine does at admission, reserve each sequence's blocks up front.
+    let seqs: Vec<usize> = (0..batch)
+        .map(|_| {
+            let s = kv.new_seq();
+            kv.reserve(s, 128).unwrap();
+            s
+        })
+        .collect();
+    let mut scratch = Scratch::new(&model, batch, batch, 128, 2);
+    let mut samplers: Vec<Sampler> = (0..batch)
+        .map(|i| {
+            let params = SamplingParams { seed: Some(i as u64), repeat_penalty: 1.1, ..Default::default() };
+            Sampler::new(params)
+        })
+        .collect();
+    let mut tokens: Vec<u32> = vec![504, 3575, 282, 4649];
+    let mut rows: Vec<StepRow> = Vec::with_capacity(batch);
+    let mut step = |pos: usize, kv: &mut blink_model::KvCache, scratch: &mut Scratch, tokens: &mut Vec<u32>, samplers: &mut Vec<Sampler>| {
+        rows.clear();
+        rows.extend(seqs.iter().zip(tokens.iter()).map(|(&seq, &token)| StepRow { token, pos, seq, logits: true }));
+        model.forward(&pool, kv, &rows, scratch).unwrap();
+        for (i, t) in tokens.iter_mut().enumerate() {
+            *t = samplers[i].sample(scratch.logits_mut(i));
+            samplers[i].accept(*t);
+        }
+    };
+    // Warm up: the first steps size every buffer (sampler candidates, penalty window).
+    for pos in 0..8 {
+        step(pos, &mut kv, &mut scratch, &mut tokens, &mut samplers);
+    }
+    COUNTING.store(true, Ordering::SeqCst);
+    for pos in 8..72 {
+        step(pos, &mut kv, &mut scratch, &mut tokens, &mut samplers);
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "the decode hot path allocated");
+}
