@@ -212,7 +212,14 @@ impl Weights {
         let token_embd = ld.matrix("token_embd.weight", d, cfg.vocab_size)?;
         let output = match ld.opt_weight("output.weight", d, cfg.vocab_size)? {
             Some(m) => m,
-            None => token_embd.clone().prepared(isa),
+            None => {
+                let head = token_embd.clone().prepared(isa);
+                if head.layout != Layout::RowMajor {
+                    // Packing read the whole table; embedding lookups touch a row at a time.
+                    file.release_tensor(ld.info("token_embd.weight")?);
+                }
+                head
+            }
         };
         let output_norm = ld.vector("output_norm.weight", d)?;
         let rope_freqs = ld.opt_vector("rope_freqs.weight", cfg.rope.n_dims / 2)?;
