@@ -27,8 +27,15 @@ pub fn pin_current_thread(cpus: &[usize]) -> bool {
     }
 }
 
-/// The CPUs the calling thread may run on, in ascending order.
+/// The CPUs this process may run on, in ascending order: the calling thread's set the
+/// first time this is asked (before Blink pins anything), remembered for later calls.
 pub fn allowed_cpus() -> Vec<usize> {
+    static ALLOWED: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    ALLOWED.get_or_init(current_cpus).clone()
+}
+
+/// The CPUs the calling thread may run on now.
+fn current_cpus() -> Vec<usize> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: as above.
