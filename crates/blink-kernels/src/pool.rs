@@ -73,8 +73,10 @@ impl Barrier {
         let gen = self.generation.load(Ordering::Acquire);
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == n {
             self.arrived.store(0, Ordering::Relaxed);
-            self.generation.fetch_add(1, Ordering::AcqRel);
-            if self.sleepers.load(Ordering::Acquire) > 0 {
+            // SeqCst pairs with the sleeper's increment-then-check: one of the two sides
+            // always sees the other, so a wake-up is never lost.
+            self.generation.fetch_add(1, Ordering::SeqCst);
+            if self.sleepers.load(Ordering::SeqCst) > 0 {
                 let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
                 self.cond.notify_all();
             }
@@ -99,8 +101,8 @@ fn wait_for_change(
         std::hint::spin_loop();
     }
     let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
-    sleepers.fetch_add(1, Ordering::AcqRel);
-    while value.load(Ordering::Acquire) == seen {
+    sleepers.fetch_add(1, Ordering::SeqCst);
+    while value.load(Ordering::SeqCst) == seen {
         guard = cond.wait(guard).unwrap_or_else(|e| e.into_inner());
     }
     sleepers.fetch_sub(1, Ordering::AcqRel);
@@ -137,13 +139,25 @@ pub struct ThreadPool {
     handles: Vec<JoinHandle<()>>,
     /// Serializes concurrent `run` calls from different threads.
     run_lock: Mutex<()>,
+    /// Distinguishes pools, so a calling thread is pinned once per pool.
+    id: usize,
+    /// Where the calling thread (thread 0) is pinned at its first `run`.
+    caller_cpus: Option<Vec<usize>>,
+}
+
+thread_local! {
+    /// The pool this thread was last pinned for as a caller.
+    static PINNED_FOR: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 impl ThreadPool {
-    /// A pool of `n_threads` threads in all (the caller counts as one). `pin` gives, for each
-    /// thread index, the CPUs it may run on (`None`: not pinned).
+    /// A pool of `n_threads` threads in all (the caller counts as one). When the process
+    /// may use at least that many CPUs, thread `i` is pinned to the `i`-th of them (the
+    /// caller at its first `run`); `BLINK_NO_PIN=1` turns pinning off.
     pub fn new(n_threads: usize) -> ThreadPool {
-        Self::with_affinity(n_threads, |_| None)
+        let cpus = crate::affinity::allowed_cpus();
+        let pin = std::env::var_os("BLINK_NO_PIN").is_none() && n_threads <= cpus.len();
+        Self::with_affinity(n_threads, |i| pin.then(|| vec![cpus[i]]))
     }
 
     /// Like `new`, pinning thread `i` to the CPU set `cpus(i)` where the OS allows.
@@ -176,12 +190,14 @@ impl ThreadPool {
                     .expect("failed to spawn a compute thread")
             })
             .collect();
-        if let Some(cpus) = cpus(0) {
-            // The caller is thread 0 and stays pinned only for the pool's lifetime if it is
-            // a dedicated thread; pinning the caller is the owner's decision.
-            let _ = cpus;
+        static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+        ThreadPool {
+            shared,
+            handles,
+            run_lock: Mutex::new(()),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            caller_cpus: cpus(0),
         }
-        ThreadPool { shared, handles, run_lock: Mutex::new(()) }
     }
 
     /// Threads in the pool, the caller included.
@@ -194,6 +210,12 @@ impl ThreadPool {
     /// If any thread's closure panics, the panic is re-raised here after all threads finish.
     pub fn run<F: Fn(&Worker) + Sync>(&self, f: F) {
         let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cpus) = &self.caller_cpus {
+            if PINNED_FOR.get() != self.id {
+                PINNED_FOR.set(self.id);
+                crate::affinity::pin_current_thread(cpus);
+            }
+        }
         let shared = &*self.shared;
         if shared.n_threads == 1 {
             f(&Worker { tid: 0, n_threads: 1, barrier: &shared.barrier });
@@ -205,8 +227,8 @@ impl ThreadPool {
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(&Worker) + Sync), Job>(job) };
         unsafe { *shared.job.get() = Some(job) };
         shared.busy.store(shared.n_threads - 1, Ordering::Release);
-        shared.epoch.fetch_add(1, Ordering::AcqRel);
-        if shared.sleepers.load(Ordering::Acquire) > 0 {
+        shared.epoch.fetch_add(1, Ordering::SeqCst);
+        if shared.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
             shared.cond.notify_all();
         }
