@@ -11,6 +11,7 @@ pub mod bandwidth;
 pub mod cpu;
 pub mod gemm;
 pub mod math;
+pub mod numa;
 pub mod ops;
 pub mod pool;
 pub mod quant;
