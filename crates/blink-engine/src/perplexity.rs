@@ -5,7 +5,6 @@
 //! `j + 1` from the logits at `j`, for `j` in `ctx/2 .. ctx-1`), and
 //! PPL = exp(mean negative log-likelihood).
 
-use blink_kernels::pool::ThreadPool;
 use blink_model::{KvType, Model, Scratch, StepRow};
 
 use crate::sampling::log_softmax_at;
@@ -54,7 +53,7 @@ pub fn perplexity(
     let n_chunks = (tokens.len() / ctx).min(cfg.max_chunks.unwrap_or(usize::MAX));
     let n_batch = cfg.n_batch.clamp(1, ctx);
     let first = ctx / 2;
-    let pool = ThreadPool::new(cfg.n_threads);
+    let pool = model.pool(cfg.n_threads).map_err(|e| EngineError::BadParams(e.to_string()))?;
     let mut scratch = Scratch::new(model, n_batch, n_batch, ctx, cfg.n_threads);
     let mut kv = model.new_kv_cache(ctx, cfg.kv_type);
     let mut rows = Vec::with_capacity(n_batch);

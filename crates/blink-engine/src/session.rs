@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use blink_kernels::pool::ThreadPool;
+use blink_kernels::numa::NodePool;
 use blink_model::tokenizer::{StreamDecoder, Tokenizer};
 use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, SeqId, StepRow};
 
@@ -73,7 +73,7 @@ pub struct Generation {
 /// One sequence's cache and compute resources.
 pub struct Session<'m> {
     model: &'m Model,
-    pool: ThreadPool,
+    pool: NodePool,
     kv: KvCache,
     scratch: Scratch,
     seq: SeqId,
@@ -96,7 +96,8 @@ impl<'m> Session<'m> {
         kv.reserve(seq, n_ctx).expect("a fresh cache holds its own size");
         Session {
             model,
-            pool: ThreadPool::new(cfg.n_threads),
+            // The model validated its placement when it was built, so its pool builds.
+            pool: model.pool(cfg.n_threads).expect("a pool for the model's placement"),
             scratch: Scratch::new(model, n_batch, 1, n_ctx, cfg.n_threads),
             kv,
             seq,

@@ -5,7 +5,6 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use blink_engine::{Sampler, SamplingParams};
-use blink_kernels::pool::ThreadPool;
 use blink_model::{KvType, Model, Scratch, StepRow};
 
 struct Counting;
@@ -38,7 +37,7 @@ static GLOBAL: Counting = Counting;
 fn decode_steps_and_sampling_do_not_allocate() {
     let path = blink_model::fetch::ensure_default_model().unwrap();
     let model = Model::load(&path).unwrap();
-    let pool = ThreadPool::new(2);
+    let pool = model.pool(2).unwrap();
     let batch = 4;
     let mut kv = model.new_kv_cache(batch * 128, KvType::F16);
     // As the serving engine does at admission, reserve each sequence's blocks up front.

@@ -78,8 +78,7 @@ fn batched_requests_match_their_solo_runs() {
         let (tokens, _, _) = collect(sub);
         assert_eq!(tokens, solo[i], "prompt {:?} differs in a batch", PROMPTS[i]);
     }
-    let stats = engine.stats();
-    assert_eq!(stats.running, 0);
+    let stats = settled(&engine);
     assert!(stats.steps_total > 0 && stats.f_ctrl() >= 0.0 && stats.f_ctrl() < 1.0);
 }
 
@@ -104,13 +103,19 @@ fn cancelled_requests_free_their_cache_and_prefixes_are_reused() {
         assert!(matches!(c.blocking_next(), Some(Event::Token { .. })));
     }
     drop(c);
+    settled(&engine);
+}
+
+/// Wait until the engine has nothing running and holds no cache blocks (stats are published
+/// at the end of each step, just after the last events).
+fn settled(engine: &Engine) -> blink_engine::serve::EngineStats {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let s = engine.stats();
         if s.running == 0 && s.kv_blocks_used == 0 {
-            break;
+            return s;
         }
-        assert!(std::time::Instant::now() < deadline, "cancelled request still holds the cache: {s:?}");
+        assert!(std::time::Instant::now() < deadline, "the engine still holds work or cache: {s:?}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

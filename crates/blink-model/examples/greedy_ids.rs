@@ -1,5 +1,4 @@
 //! Dev tool: greedy ids for a list of prompt ids (no tokenizer), to compare with llama.cpp.
-use blink_kernels::pool::ThreadPool;
 use blink_model::{KvType, Model, Scratch, StepRow};
 
 fn main() {
@@ -7,7 +6,7 @@ fn main() {
     let model = Model::load(&args[1]).unwrap();
     let prompt: Vec<u32> = args[2].split(',').map(|s| s.trim().parse().unwrap()).collect();
     let n: usize = args.get(3).map_or(32, |s| s.parse().unwrap());
-    let pool = ThreadPool::new(2);
+    let pool = model.pool(2).unwrap();
     let mut kv = model.new_kv_cache(512, KvType::F16);
     let seq = kv.new_seq();
     let mut scratch = Scratch::new(&model, 64, 1, 512, 2);

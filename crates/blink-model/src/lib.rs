@@ -9,6 +9,8 @@ pub mod config;
 pub mod fetch;
 pub mod forward;
 pub mod kv_cache;
+pub mod memory;
+pub mod placement;
 pub mod rope;
 pub mod tokenizer;
 pub mod weights;
@@ -17,6 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blink_gguf::{GgufError, GgufFile};
+use weights::{Home, Loader};
 use thiserror::Error;
 
 pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
@@ -25,6 +28,7 @@ pub use forward::{ForwardError, Scratch, StepRow};
 pub use kv_cache::{KvCache, KvType, SeqId};
 pub use rope::Rope;
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+pub use placement::{Part, Placement, Plan};
 pub use weights::Weights;
 
 /// Why a model could not be loaded.
@@ -40,26 +44,49 @@ pub enum ModelError {
     MissingTensor(String),
     #[error("bad tensor: {0}")]
     BadTensor(String),
+    #[error("cannot place the model in memory: {0}")]
+    Placement(String),
 }
 
-/// A loaded model: configuration, weights and rope tables, backed by the mapped file.
+/// A loaded model: configuration, rope tables and weights, as one part (flat) or one part
+/// per NUMA node (tensor parallel), backed by the mapped file.
 pub struct Model {
     pub cfg: ModelConfig,
-    pub weights: Weights,
     pub rope: Rope,
+    pub plan: Plan,
+    /// One per part of `plan`, in the part's memory.
+    pub parts: Vec<Weights>,
+    placement: Placement,
     file: Arc<GgufFile>,
 }
 
 impl Model {
-    /// Build the model from an opened (and therefore validated) GGUF file.
+    /// Build a flat model from an opened (and therefore validated) GGUF file.
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
-        let cfg = ModelConfig::from_gguf(&file)?;
-        let weights = Weights::from_gguf(&file, &cfg, blink_kernels::cpu::active())?;
-        let rope = Rope::new(&cfg.rope, weights.rope_freqs.clone());
-        Ok(Model { cfg, weights, rope, file })
+        Self::from_gguf_placed(file, &Placement::flat(1))
     }
 
-    /// Open, validate and load the GGUF file at `path`.
+    /// Build the model for `placement`: flat, or split over its NUMA nodes.
+    pub fn from_gguf_placed(file: Arc<GgufFile>, placement: &Placement) -> Result<Model, ModelError> {
+        let cfg = ModelConfig::from_gguf(&file)?;
+        let isa = blink_kernels::cpu::active();
+        let plan = if placement.numa { Plan::new(&cfg, &placement.threads) } else { Plan::new(&cfg, &[1]) };
+        let homes: Vec<Home> = (0..plan.parts.len())
+            .map(|node| if placement.numa { Home::Node { topology: &placement.topology, node } } else { Home::Shared })
+            .collect();
+        let rope_freqs = Loader { file: &file, isa, home: Home::Shared }.rope_freqs(&cfg)?;
+        let parts = plan
+            .parts
+            .iter()
+            .zip(&homes)
+            .map(|(part, &home)| Weights::load(&Loader { file: &file, isa, home }, &cfg, part))
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        weights::release_copied(&file, &parts);
+        let rope = Rope::new(&cfg.rope, rope_freqs);
+        Ok(Model { cfg, rope, plan, parts, placement: placement.clone(), file })
+    }
+
+    /// Open, validate and load the GGUF file at `path` (flat).
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
         Self::from_gguf(Arc::new(GgufFile::open(path)?))
     }
@@ -69,20 +96,43 @@ impl Model {
         &self.file
     }
 
-    /// Weight bytes one decode step reads: every layer matrix and the output head.
-    pub fn bytes_per_token(&self) -> usize {
-        let w = &self.weights;
-        let layers: usize = w
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
-            .map(|m| m.bytes().len())
-            .sum();
-        layers + w.output.bytes().len()
+    /// How the model is spread over the machine.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
-    /// A KV cache for this model able to hold `tokens` tokens in all.
+    /// Weight bytes each part reads per decode step: its layer matrices and LM head rows.
+    pub fn bytes_per_token_by_part(&self) -> Vec<usize> {
+        self.parts.iter().map(|w| w.product_matrices().map(|m| m.bytes().len()).sum()).collect()
+    }
+
+    /// Weight bytes one decode step reads in all.
+    pub fn bytes_per_token(&self) -> usize {
+        self.bytes_per_token_by_part().iter().sum()
+    }
+
+    /// A KV cache for this model able to hold `tokens` tokens in all, split like the model.
     pub fn new_kv_cache(&self, tokens: usize, ty: KvType) -> KvCache {
-        KvCache::new(self.cfg.n_layers, self.cfg.n_head_kv, self.cfg.head_dim, ty, KvCache::blocks_for(tokens))
+        self.try_new_kv_cache(tokens, ty).expect("the KV cache could not be allocated")
+    }
+
+    /// As `new_kv_cache`, reporting a failure to map or bind node memory.
+    pub fn try_new_kv_cache(&self, tokens: usize, ty: KvType) -> Result<KvCache, ModelError> {
+        let topology = &self.placement.topology;
+        let shards: Vec<(usize, Option<(&blink_kernels::numa::Topology, usize)>)> = self
+            .plan
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(node, p)| (p.kv_heads.len(), self.placement.numa.then_some((topology, node))))
+            .collect();
+        KvCache::sharded(self.cfg.n_layers, &shards, self.cfg.head_dim, ty, KvCache::blocks_for(tokens))
+            .map_err(|e| ModelError::Placement(e.to_string()))
+    }
+
+    /// A compute pool matching the model's placement (`threads` in all for a flat model).
+    pub fn pool(&self, threads: usize) -> Result<blink_kernels::numa::NodePool, ModelError> {
+        let placement = if self.placement.numa { self.placement.clone() } else { Placement::flat(threads) };
+        placement.pool().map_err(|e| ModelError::Placement(e.to_string()))
     }
 }

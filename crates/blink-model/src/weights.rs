@@ -1,17 +1,22 @@
-//! The model's tensors, located and shape-checked once at load time.
+//! One part's tensors, located, shape-checked and placed once at load time.
 //!
-//! Matrices stay where the GGUF file's memory map put them (zero-copy); small vectors
-//! (norms, biases) are converted to f32 once. Every shape and type the forward pass relies
-//! on is checked here, so the forward pass itself never has to.
+//! A flat model is one part holding everything: matrices stay in the file's memory map
+//! unless the kernels want them repacked. A tensor-parallel model has one part per NUMA
+//! node, holding that node's rows (see `placement`) copied into memory bound to the node,
+//! so the forward pass never reads another node's memory. Every shape and type the
+//! forward pass relies on is checked here, so the forward pass itself never has to.
 
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 
 use blink_gguf::{GgmlType, GgufFile, TensorInfo};
 use blink_kernels::cpu::Isa;
 use blink_kernels::gemm::{self, Layout};
+use blink_kernels::numa::{NodeBuffer, Topology};
 use blink_kernels::quant;
 
 use crate::config::{Arch, ModelConfig};
+use crate::placement::Part;
 use crate::ModelError;
 
 /// Borrowed bytes kept alive by an owner (the memory-mapped file, or an owned buffer).
@@ -27,14 +32,17 @@ unsafe impl Send for Blob {}
 unsafe impl Sync for Blob {}
 
 impl Blob {
-    fn mapped(file: &Arc<GgufFile>, info: &TensorInfo) -> Blob {
-        let bytes = file.tensor_data(info);
+    fn mapped(bytes: &[u8], file: &Arc<GgufFile>) -> Blob {
         Blob { ptr: bytes.as_ptr(), len: bytes.len(), _owner: file.clone() }
     }
 
-    /// Owned bytes, e.g. a repacked or node-local copy.
-    pub fn owned(bytes: Vec<u8>) -> Blob {
+    fn owned(bytes: Vec<u8>) -> Blob {
         let owner: Arc<Vec<u8>> = Arc::new(bytes);
+        Blob { ptr: owner.as_ptr(), len: owner.len(), _owner: owner }
+    }
+
+    fn node(buf: NodeBuffer<u8>) -> Blob {
+        let owner = Arc::new(buf);
         Blob { ptr: owner.as_ptr(), len: owner.len(), _owner: owner }
     }
 
@@ -46,8 +54,8 @@ impl Blob {
     }
 }
 
-/// A weight matrix: `rows` output features, each a row of `cols` input features of type `ty`,
-/// stored row-major as in the file or repacked for the active kernels.
+/// A weight matrix: `rows` output features, each a row of `cols` input features of type
+/// `ty`, stored row-major as in the file or repacked for the active kernels.
 #[derive(Clone)]
 pub struct Matrix {
     pub name: String,
@@ -68,76 +76,94 @@ impl Matrix {
     /// Row `i` dequantized into `out[..cols]` (row-major matrices only).
     pub fn dequantize_row(&self, i: usize, out: &mut [f32]) {
         assert_eq!(self.layout, Layout::RowMajor, "dequantize_row needs a row-major matrix");
-        let rb = self.bytes().len() / self.rows;
+        let rb = self.bytes().len() / self.rows.max(1);
         quant::dequantize_row(self.ty, &self.bytes()[i * rb..(i + 1) * rb], &mut out[..self.cols]);
     }
+}
 
-    /// A copy prepared for `isa`'s kernels: repacked if they want another layout.
-    fn prepared(self, isa: Isa) -> Matrix {
-        match gemm::prepare(isa, self.ty, self.rows, self.cols, self.bytes()) {
-            Some(packed) => Matrix { layout: Layout::Packed, data: Blob::owned(packed), ..self },
-            None => self,
+/// A vector of f32 (norm weights, biases) in the part's memory.
+pub enum Vector {
+    Heap(Vec<f32>),
+    Node(NodeBuffer<f32>),
+}
+
+impl Deref for Vector {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            Vector::Heap(v) => v,
+            Vector::Node(b) => b,
         }
     }
 }
 
-/// Weights of one transformer block.
+/// Weights of one transformer block, restricted to one part's rows.
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
+    pub attn_norm: Vector,
+    /// Rows of the part's query heads.
     pub wq: Matrix,
+    /// Rows of the part's key/value heads.
     pub wk: Matrix,
     pub wv: Matrix,
+    /// The part's rows of the output projection (all columns).
     pub wo: Matrix,
-    /// Q/K/V biases (Qwen2).
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
+    /// Q/K/V biases (Qwen2), for the part's heads.
+    pub bq: Option<Vector>,
+    pub bk: Option<Vector>,
+    pub bv: Option<Vector>,
     /// Per-head RMS norms of Q and K (Qwen3).
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
+    pub q_norm: Option<Vector>,
+    pub k_norm: Option<Vector>,
+    pub ffn_norm: Vector,
+    /// The part's FFN rows.
     pub w_gate: Matrix,
     pub w_up: Matrix,
+    /// The part's rows of the down projection (all columns).
     pub w_down: Matrix,
 }
 
-/// All weights of a model.
+/// One part's weights.
 pub struct Weights {
+    /// The part's vocabulary rows of the embedding table, row-major.
     pub token_embd: Matrix,
-    pub output_norm: Vec<f32>,
-    /// The LM head; a clone of `token_embd` when the model ties them.
+    pub output_norm: Vector,
+    /// The part's vocabulary rows of the LM head.
     pub output: Matrix,
-    /// Per-dimension rope frequency divisors (Llama 3 style), if the file has them.
-    pub rope_freqs: Option<Vec<f32>>,
     pub layers: Vec<LayerWeights>,
 }
 
-/// Looks tensors up by name and checks them.
-struct Loader<'a> {
-    file: &'a Arc<GgufFile>,
-    isa: Isa,
+/// Where a part's copies go.
+#[derive(Clone, Copy)]
+pub enum Home<'a> {
+    /// The process heap, or the file's map when no copy is needed (flat models).
+    Shared,
+    /// Memory bound to node `node` of `topology` (tensor-parallel parts).
+    Node { topology: &'a Topology, node: usize },
+}
+
+/// Looks tensors up by name, checks them and places one part's share.
+pub(crate) struct Loader<'a> {
+    pub file: &'a Arc<GgufFile>,
+    pub isa: Isa,
+    pub home: Home<'a>,
 }
 
 impl Loader<'_> {
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
-        self.file
-            .tensor(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+        self.file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
     }
 
-    /// A matrix with `cols` inputs and `rows` outputs (GGUF dims `[cols, rows]`).
-    fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix, ModelError> {
+    /// Check that `name` is a matrix with `cols` inputs and `rows` outputs (GGUF dims
+    /// `[cols, rows]`) that the kernels can multiply.
+    fn check_matrix(&self, name: &str, cols: usize, rows: usize) -> Result<&TensorInfo, ModelError> {
         let info = self.info(name)?;
-        let dims: Vec<u64> = info.dims.clone();
-        let ok = match dims.as_slice() {
+        let ok = match info.dims.as_slice() {
             [c, r] => *c == cols as u64 && *r == rows as u64,
             [c, r, rest @ ..] => *c == cols as u64 && *r == rows as u64 && rest.iter().all(|&d| d == 1),
             _ => false,
         };
         if !ok {
-            return Err(ModelError::BadTensor(format!(
-                "{name} has shape {dims:?}, expected [{cols}, {rows}]"
-            )));
+            return Err(ModelError::BadTensor(format!("{name} has shape {:?}, expected [{cols}, {rows}]", info.dims)));
         }
         let act = quant::vec_dot_type(info.ty);
         if cols % act.block_size() != 0 {
@@ -147,110 +173,159 @@ impl Loader<'_> {
                 act.block_size()
             )));
         }
-        Ok(Matrix {
-            name: name.to_string(),
-            ty: info.ty,
-            rows,
-            cols,
-            layout: Layout::RowMajor,
-            data: Blob::mapped(self.file, info),
-        })
+        Ok(info)
     }
 
-    /// A matrix used only in products: repacked for the kernels when they want it, after
-    /// which the file's pages of it are released.
-    fn weight(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix, ModelError> {
-        let m = self.matrix(name, cols, rows)?.prepared(self.isa);
-        if m.layout != Layout::RowMajor {
-            self.file.release_tensor(self.info(name)?);
-        }
-        Ok(m)
-    }
-
-    fn opt_weight(&self, name: &str, cols: usize, rows: usize) -> Result<Option<Matrix>, ModelError> {
-        match self.file.tensor(name) {
-            Some(_) => self.weight(name, cols, rows).map(Some),
-            None => Ok(None),
+    /// Bytes in the part's home: moved to the heap, or copied into the node's memory.
+    fn place(&self, bytes: Vec<u8>) -> Result<Blob, ModelError> {
+        match self.home {
+            Home::Shared => Ok(Blob::owned(bytes)),
+            Home::Node { topology, node } => {
+                let mut buf = NodeBuffer::<u8>::new(topology, node, bytes.len())
+                    .map_err(|e| ModelError::Placement(e.to_string()))?;
+                buf.as_mut_slice().copy_from_slice(&bytes);
+                Ok(Blob::node(buf))
+            }
         }
     }
 
-    /// A vector of `len` values converted to f32.
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    /// Rows `range` of a matrix with `rows` rows of `cols` inputs, in the layout the kernels
+    /// want when `for_products`, else row-major (embedding lookups).
+    fn rows(&self, name: &str, cols: usize, rows: usize, range: Range<usize>, for_products: bool) -> Result<Matrix, ModelError> {
+        let info = self.check_matrix(name, cols, rows)?;
+        let data = self.file.tensor_data(info);
+        let rb = data.len() / rows.max(1);
+        let slice = &data[range.start * rb..range.end * rb];
+        let n = range.len();
+        let packed = if for_products { gemm::prepare(self.isa, info.ty, n, cols, slice) } else { None };
+        let (layout, blob) = match (packed, self.home) {
+            (Some(p), _) => (Layout::Packed, self.place(p)?),
+            (None, Home::Shared) if n == rows => (Layout::RowMajor, Blob::mapped(slice, self.file)),
+            (None, _) => (Layout::RowMajor, self.place(slice.to_vec())?),
+        };
+        Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout, data: blob })
+    }
+
+    /// A vector of `len` values converted to f32, restricted to `range`.
+    fn vector_range(&self, name: &str, len: usize, range: Range<usize>) -> Result<Vector, ModelError> {
         let info = self.info(name)?;
         if info.n_elements() != len as u64 || info.dims[0] != len as u64 {
-            return Err(ModelError::BadTensor(format!(
-                "{name} has shape {:?}, expected [{len}]",
-                info.dims
-            )));
+            return Err(ModelError::BadTensor(format!("{name} has shape {:?}, expected [{len}]", info.dims)));
         }
         if !matches!(info.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
             return Err(ModelError::BadTensor(format!("{name} has type {}, expected a float type", info.ty)));
         }
-        let mut out = vec![0f32; len];
-        quant::dequantize_row(info.ty, self.file.tensor_data(info), &mut out);
-        if out.iter().any(|v| !v.is_finite()) {
+        let mut all = vec![0f32; len];
+        quant::dequantize_row(info.ty, self.file.tensor_data(info), &mut all);
+        if all.iter().any(|v| !v.is_finite()) {
             return Err(ModelError::BadTensor(format!("{name} holds a non-finite value")));
         }
-        Ok(out)
+        let part = &all[range];
+        match self.home {
+            Home::Shared => Ok(Vector::Heap(part.to_vec())),
+            Home::Node { topology, node } => {
+                let mut buf = NodeBuffer::<f32>::new(topology, node, part.len()).map_err(|e| ModelError::Placement(e.to_string()))?;
+                buf.as_mut_slice().copy_from_slice(part);
+                Ok(Vector::Node(buf))
+            }
+        }
     }
 
-    fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
+    fn vector(&self, name: &str, len: usize) -> Result<Vector, ModelError> {
+        self.vector_range(name, len, 0..len)
+    }
+
+    fn opt_vector_range(&self, name: &str, len: usize, range: Range<usize>) -> Result<Option<Vector>, ModelError> {
         match self.file.tensor(name) {
-            Some(_) => self.vector(name, len).map(Some),
+            Some(_) => self.vector_range(name, len, range).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// The rope frequency divisors, if the file has them.
+    pub(crate) fn rope_freqs(&self, cfg: &ModelConfig) -> Result<Option<Vec<f32>>, ModelError> {
+        let len = cfg.rope.n_dims / 2;
+        Ok(self.opt_vector_range("rope_freqs.weight", len, 0..len)?.map(|v| v.to_vec()))
     }
 }
 
 impl Weights {
-    /// Locate and check every tensor `cfg` needs, preparing matrices for `isa`'s kernels.
-    pub fn from_gguf(file: &Arc<GgufFile>, cfg: &ModelConfig, isa: Isa) -> Result<Weights, ModelError> {
-        let ld = Loader { file, isa };
-        let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-        // The embedding table is read by rows, so it stays as in the file; a tied output
-        // head gets its own prepared copy.
-        let token_embd = ld.matrix("token_embd.weight", d, cfg.vocab_size)?;
-        let output = match ld.opt_weight("output.weight", d, cfg.vocab_size)? {
-            Some(m) => m,
-            None => {
-                let head = token_embd.clone().prepared(isa);
-                if head.layout != Layout::RowMajor {
-                    // Packing read the whole table; embedding lookups touch a row at a time.
-                    file.release_tensor(ld.info("token_embd.weight")?);
-                }
-                head
-            }
+    /// Locate, check and place `part`'s share of every tensor `cfg` needs.
+    pub(crate) fn load(ld: &Loader, cfg: &ModelConfig, part: &Part) -> Result<Weights, ModelError> {
+        let (d, q, kv, ff, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff, cfg.head_dim);
+        let vocab = cfg.vocab_size;
+        let qr = part.q_heads.start * hd..part.q_heads.end * hd;
+        let kvr = part.kv_heads.start * hd..part.kv_heads.end * hd;
+        let token_embd = ld.rows("token_embd.weight", d, vocab, part.vocab_rows.clone(), false)?;
+        let output = match ld.file.tensor("output.weight") {
+            Some(_) => ld.rows("output.weight", d, vocab, part.vocab_rows.clone(), true)?,
+            None => ld.rows("token_embd.weight", d, vocab, part.vocab_rows.clone(), true)?,
         };
         let output_norm = ld.vector("output_norm.weight", d)?;
-        let rope_freqs = ld.opt_vector("rope_freqs.weight", cfg.rope.n_dims / 2)?;
-
+        let biased = cfg.arch == Arch::Qwen2;
+        let qk_norm = cfg.arch == Arch::Qwen3;
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}");
-                let biased = cfg.arch == Arch::Qwen2;
-                let qk_norm = cfg.arch == Arch::Qwen3;
-                let bias = |s: &str, len| -> Result<Option<Vec<f32>>, ModelError> {
-                    if biased { ld.vector(&n(s), len).map(Some) } else { ld.opt_vector(&n(s), len) }
+                let bias = |s: &str, len, r: &Range<usize>| -> Result<Option<Vector>, ModelError> {
+                    if biased {
+                        ld.vector_range(&n(s), len, r.clone()).map(Some)
+                    } else {
+                        ld.opt_vector_range(&n(s), len, r.clone())
+                    }
+                };
+                let head_norm = |s: &str| -> Result<Option<Vector>, ModelError> {
+                    if qk_norm {
+                        ld.vector(&n(s), hd).map(Some)
+                    } else {
+                        Ok(None)
+                    }
                 };
                 Ok(LayerWeights {
                     attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
-                    wq: ld.weight(&n("attn_q.weight"), d, q)?,
-                    wk: ld.weight(&n("attn_k.weight"), d, kv)?,
-                    wv: ld.weight(&n("attn_v.weight"), d, kv)?,
-                    wo: ld.weight(&n("attn_output.weight"), q, d)?,
-                    bq: bias("attn_q.bias", q)?,
-                    bk: bias("attn_k.bias", kv)?,
-                    bv: bias("attn_v.bias", kv)?,
-                    q_norm: if qk_norm { Some(ld.vector(&n("attn_q_norm.weight"), cfg.head_dim)?) } else { None },
-                    k_norm: if qk_norm { Some(ld.vector(&n("attn_k_norm.weight"), cfg.head_dim)?) } else { None },
+                    wq: ld.rows(&n("attn_q.weight"), d, q, qr.clone(), true)?,
+                    wk: ld.rows(&n("attn_k.weight"), d, kv, kvr.clone(), true)?,
+                    wv: ld.rows(&n("attn_v.weight"), d, kv, kvr.clone(), true)?,
+                    wo: ld.rows(&n("attn_output.weight"), q, d, part.embd_rows.clone(), true)?,
+                    bq: bias("attn_q.bias", q, &qr)?,
+                    bk: bias("attn_k.bias", kv, &kvr)?,
+                    bv: bias("attn_v.bias", kv, &kvr)?,
+                    q_norm: head_norm("attn_q_norm.weight")?,
+                    k_norm: head_norm("attn_k_norm.weight")?,
                     ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
-                    w_gate: ld.weight(&n("ffn_gate.weight"), d, ff)?,
-                    w_up: ld.weight(&n("ffn_up.weight"), d, ff)?,
-                    w_down: ld.weight(&n("ffn_down.weight"), ff, d)?,
+                    w_gate: ld.rows(&n("ffn_gate.weight"), d, ff, part.ff_rows.clone(), true)?,
+                    w_up: ld.rows(&n("ffn_up.weight"), d, ff, part.ff_rows.clone(), true)?,
+                    w_down: ld.rows(&n("ffn_down.weight"), ff, d, part.embd_rows.clone(), true)?,
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(Weights { token_embd, output_norm, output, layers })
+    }
 
-        Ok(Weights { token_embd, output_norm, output, rope_freqs, layers })
+    /// The matrices one decode step multiplies, with the LM head last.
+    pub fn product_matrices(&self) -> impl Iterator<Item = &Matrix> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain(std::iter::once(&self.output))
+    }
+}
+
+/// Release the file's pages of every matrix all parts hold their own copies of: every
+/// matrix when the model is split over nodes, the repacked ones when it is flat.
+pub(crate) fn release_copied(file: &GgufFile, parts: &[Weights]) {
+    let split = parts.len() > 1;
+    let Some(first) = parts.first() else { return };
+    for (i, m) in first.product_matrices().enumerate() {
+        let copied = split || parts.iter().all(|w| w.product_matrices().nth(i).is_some_and(|m| m.layout == Layout::Packed));
+        if let (true, Some(info)) = (copied, file.tensor(&m.name)) {
+            file.release_tensor(info);
+        }
+    }
+    if split {
+        // Each part copied its rows of the embedding table too.
+        if let Some(info) = file.tensor("token_embd.weight") {
+            file.release_tensor(info);
+        }
     }
 }

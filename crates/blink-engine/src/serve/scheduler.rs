@@ -13,7 +13,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use blink_kernels::pool::ThreadPool;
+use blink_kernels::numa::NodePool;
 use blink_model::kv_cache::KvCache;
 use blink_model::{Model, Scratch, SeqId, StepRow};
 use tokio::sync::mpsc::UnboundedSender;
@@ -59,7 +59,7 @@ pub(super) struct Scheduler {
     model: Arc<Model>,
     eog: Vec<u32>,
     cfg: EngineConfig,
-    pool: ThreadPool,
+    pool: NodePool,
     kv: KvCache,
     scratch: Scratch,
     rows: Vec<StepRow>,
@@ -90,7 +90,8 @@ impl Scheduler {
         let scratch = Scratch::new(&model, max_rows, max_running, cfg.max_seq_len.max(1), cfg.n_threads.max(1));
         let local = EngineStats { kv_blocks_total: kv.n_blocks(), ..Default::default() };
         Scheduler {
-            pool: ThreadPool::new(cfg.n_threads.max(1)),
+            // The model validated its placement when it was built, so its pool builds.
+            pool: model.pool(cfg.n_threads.max(1)).expect("a pool for the model's placement"),
             kv,
             scratch,
             rows: Vec::with_capacity(max_rows),

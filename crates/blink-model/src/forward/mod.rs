@@ -11,10 +11,10 @@
 mod pass;
 mod scratch;
 
-use blink_kernels::pool::ThreadPool;
+use blink_kernels::numa::NodePool;
 use thiserror::Error;
 
-use crate::kv_cache::{KvCache, KvData, KvError, SeqId};
+use crate::kv_cache::{KvCache, KvError, KvType, SeqId};
 use crate::Model;
 
 pub use scratch::Scratch;
@@ -41,10 +41,10 @@ pub enum ForwardError {
     ContextFull { pos: usize, n_ctx: usize },
     #[error("step of {rows} rows ({logits} with logits) exceeds the scratch capacity of {max_rows} ({max_logits})")]
     TooManyRows { rows: usize, logits: usize, max_rows: usize, max_logits: usize },
-    #[error("the KV cache was built for a different model shape")]
+    #[error("the KV cache or scratch was built for a different model shape or placement")]
     CacheMismatch,
-    #[error("the pool has more threads than the scratch was sized for")]
-    TooManyThreads,
+    #[error("the thread pool does not match the model's placement or the scratch's size")]
+    PoolMismatch,
     #[error(transparent)]
     Kv(#[from] KvError),
 }
@@ -55,24 +55,23 @@ impl Model {
     /// are then in `scratch.logits(i)`, in row order.
     pub fn forward(
         &self,
-        pool: &ThreadPool,
+        pool: &NodePool,
         kv: &mut KvCache,
         rows: &[StepRow],
         scratch: &mut Scratch,
     ) -> Result<(), ForwardError> {
-        if pool.n_threads() > scratch.n_threads() {
-            return Err(ForwardError::TooManyThreads);
+        if pool.n_nodes() != self.parts.len() || (0..pool.n_nodes()).any(|n| pool.threads_in_node(n).unwrap_or(0) > scratch.n_threads()) {
+            return Err(ForwardError::PoolMismatch);
         }
         self.check_and_reserve(kv, rows, scratch)?;
         if rows.is_empty() {
             return Ok(());
         }
-        let layout = *kv.layout();
-        let threads = pool.n_threads();
-        let (tables, data) = kv.split_mut();
-        match data {
-            KvData::F16(store) => pass::Pass::new(self, rows, scratch, tables, store, threads, layout).run(pool),
-            KvData::F32(store) => pass::Pass::new(self, rows, scratch, tables, store, threads, layout).run(pool),
+        let ty = kv.kv_type();
+        let (tables, shards) = kv.split_mut();
+        match ty {
+            KvType::F16 => pass::Pass::<half::f16>::new(self, rows, scratch, tables, shards).run(pool),
+            KvType::F32 => pass::Pass::<f32>::new(self, rows, scratch, tables, shards).run(pool),
         }
         Ok(())
     }
@@ -80,7 +79,9 @@ impl Model {
     /// Validate a step and grow the cache of every sequence in it; on error nothing changes.
     fn check_and_reserve(&self, kv: &mut KvCache, rows: &[StepRow], scratch: &mut Scratch) -> Result<(), ForwardError> {
         let vocab = self.cfg.vocab_size;
-        if kv.layout().n_layers != self.cfg.n_layers || kv.layout().n_kv_heads != self.cfg.n_head_kv {
+        let shapes_match = kv.layouts().count() == self.parts.len()
+            && kv.layouts().zip(&self.plan.parts).all(|(l, p)| l.n_layers == self.cfg.n_layers && l.n_kv_heads == p.kv_heads.len());
+        if !shapes_match || scratch.parts.len() != self.parts.len() {
             return Err(ForwardError::CacheMismatch);
         }
         scratch.logit_rows.clear();

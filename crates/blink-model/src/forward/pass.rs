@@ -1,21 +1,33 @@
-//! One step's computation, run by every pool thread together.
+//! One step's computation, run by every pool thread together, on one part or on one part
+//! per NUMA node.
 //!
-//! Phases are separated by barriers. Each phase splits its work so that no two threads
-//! write the same element, and every value a phase reads was written before the barrier
-//! that opened it.
+//! Each part computes its own output rows of every projection and its own heads'
+//! attention, in buffers in its own memory. After a part computes columns the others need
+//! (attention outputs, the residual stream, the FFN activations) it copies them into every
+//! other part's buffers: writes cross nodes, reads never do. Phases are separated by
+//! barriers: a node's threads meet at group barriers, all nodes at global ones. Each phase
+//! splits its work so that no two threads write the same element.
+
+use std::ops::Range;
 
 use blink_gguf::GgmlType;
+use blink_kernels::attention::{self, Online};
 use blink_kernels::cpu::{self, Isa};
 use blink_kernels::gemm::{self, Out};
+use blink_kernels::numa::{NodePool, NodeWorker};
 use blink_kernels::ops;
-use blink_kernels::pool::{SharedMut, ThreadPool, Worker};
+use blink_kernels::pool::SharedMut;
 use blink_kernels::quant;
-use blink_kernels::attention::{self, Online};
 
+use super::scratch::PartScratch;
 use super::{Scratch, StepRow};
-use crate::kv_cache::{BlockTables, KvElem, KvLayout, KvStore, BLOCK_TOKENS};
-use crate::weights::{LayerWeights, Matrix};
+use crate::kv_cache::{BlockTables, KvData, KvElem, KvLayout, KvShard, KvStore, BLOCK_TOKENS};
+use crate::placement::Part;
+use crate::weights::{LayerWeights, Matrix, Weights};
 use crate::Model;
+
+/// Most parts (NUMA nodes) a model may be split into.
+pub const MAX_PARTS: usize = 16;
 
 /// Whether a projection overwrites its output or adds to it (residual connections).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -35,28 +47,52 @@ impl<'a> Buf<'a> {
         Buf { data: SharedMut::new(data), stride }
     }
 
-    /// Row `r`, first `len` values.
+    /// Columns `cols` of row `r`.
     ///
     /// # Safety
-    /// The caller owns row `r` for writing in the current phase.
+    /// The caller owns these elements for writing in the current phase.
     #[inline]
     #[allow(clippy::mut_from_ref)]
-    unsafe fn row_mut(&self, r: usize, len: usize) -> &mut [f32] {
-        self.data.slice_mut(r * self.stride..r * self.stride + len)
+    unsafe fn cols_mut(&self, r: usize, cols: Range<usize>) -> &mut [f32] {
+        self.data.slice_mut(r * self.stride + cols.start..r * self.stride + cols.end)
     }
 
     /// # Safety
-    /// Nobody writes row `r` in the current phase.
+    /// Nobody writes these elements in the current phase.
     #[inline]
-    unsafe fn row(&self, r: usize, len: usize) -> &[f32] {
-        self.data.slice(r * self.stride..r * self.stride + len)
+    unsafe fn cols(&self, r: usize, cols: Range<usize>) -> &[f32] {
+        self.data.slice(r * self.stride + cols.start..r * self.stride + cols.end)
+    }
+
+    /// The whole of row `r`, mutable.
+    ///
+    /// # Safety
+    /// As `cols_mut`.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row_mut(&self, r: usize) -> &mut [f32] {
+        self.cols_mut(r, 0..self.stride)
+    }
+
+    /// # Safety
+    /// As `cols`.
+    #[inline]
+    unsafe fn row(&self, r: usize) -> &[f32] {
+        self.cols(r, 0..self.stride)
+    }
+
+    /// Where a kernel writes column `col` of row 0.
+    fn out(&self, col: usize, mode: Write) -> Out {
+        // SAFETY: only forms a pointer inside the buffer; the kernel's writes are covered by
+        // the caller's phase ownership.
+        Out { ptr: unsafe { self.data.as_mut_ptr().add(col) }, ld: self.stride, accumulate: mode == Write::Add }
     }
 }
 
-pub(super) struct Pass<'a, T: KvElem> {
-    model: &'a Model,
-    rows: &'a [StepRow],
-    logit_rows: &'a [usize],
+/// One part's weights, buffers and cache shard, as seen during a step.
+struct PartView<'a, T: KvElem> {
+    w: &'a Weights,
+    part: &'a Part,
     x: Buf<'a>,
     xn: Buf<'a>,
     q: Buf<'a>,
@@ -65,171 +101,279 @@ pub(super) struct Pass<'a, T: KvElem> {
     attn: Buf<'a>,
     gate: Buf<'a>,
     up: Buf<'a>,
-    logits: Buf<'a>,
     act: SharedMut<'a, u8>,
-    act_stride: usize,
     rope: Buf<'a>,
     qh: Buf<'a>,
     kc: SharedMut<'a, T>,
     vc: SharedMut<'a, T>,
-    tables: BlockTables<'a>,
     layout: KvLayout,
+}
+
+/// Buffers whose columns parts exchange.
+#[derive(Clone, Copy)]
+enum Shared {
+    /// The residual stream `x`.
+    Residual,
+    /// The FFN activations (`gate` after SwiGLU).
+    Ffn,
+}
+
+impl<T: KvElem> PartView<'_, T> {
+    fn shared(&self, which: Shared) -> &Buf<'_> {
+        match which {
+            Shared::Residual => &self.x,
+            Shared::Ffn => &self.gate,
+        }
+    }
+}
+
+/// The cache element store of a shard, by type.
+pub(super) trait StoreOf: KvElem + blink_kernels::numa::Zeroable {
+    fn store(data: &mut KvData) -> &mut KvStore<Self>;
+}
+
+impl StoreOf for half::f16 {
+    fn store(data: &mut KvData) -> &mut KvStore<Self> {
+        match data {
+            KvData::F16(s) => s,
+            KvData::F32(_) => unreachable!("shards of one cache share a type"),
+        }
+    }
+}
+
+impl StoreOf for f32 {
+    fn store(data: &mut KvData) -> &mut KvStore<Self> {
+        match data {
+            KvData::F32(s) => s,
+            KvData::F16(_) => unreachable!("shards of one cache share a type"),
+        }
+    }
+}
+
+pub(super) struct Pass<'a, T: KvElem> {
+    model: &'a Model,
+    rows: &'a [StepRow],
+    logit_rows: &'a [usize],
+    views: [Option<PartView<'a, T>>; MAX_PARTS],
+    n_parts: usize,
+    logits: Buf<'a>,
+    act_stride: usize,
+    tables: BlockTables<'a>,
     isa: Isa,
 }
 
-impl<'a, T: KvElem> Pass<'a, T> {
-    pub(super) fn new(
-        model: &'a Model,
-        rows: &'a [StepRow],
-        s: &'a mut Scratch,
-        tables: BlockTables<'a>,
-        store: &'a mut KvStore<T>,
-        n_threads: usize,
-        layout: KvLayout,
-    ) -> Self {
-        assert!(n_threads <= s.n_threads(), "scratch sized for fewer threads than the pool has");
+impl<'a, T: StoreOf> Pass<'a, T> {
+    pub(super) fn new(model: &'a Model, rows: &'a [StepRow], s: &'a mut Scratch, tables: BlockTables<'a>, shards: &'a mut [KvShard]) -> Self {
         let cfg = &model.cfg;
-        let wide = s.xn.len() / s.max_rows();
-        let vocab = cfg.vocab_size;
+        let n_parts = model.parts.len();
+        assert!(n_parts <= MAX_PARTS && shards.len() == n_parts && s.parts.len() == n_parts, "parts of model, cache and scratch differ");
+        let mut it = model
+            .parts
+            .iter()
+            .zip(&model.plan.parts)
+            .zip(s.parts.iter_mut())
+            .zip(shards.iter_mut())
+            .map(|(((w, part), ps), shard): (((&Weights, &Part), &mut PartScratch), &mut KvShard)| {
+                let layout = shard.layout;
+                let store = T::store(&mut shard.data);
+                PartView {
+                    w,
+                    part,
+                    x: Buf::new(&mut ps.x, cfg.n_embd),
+                    xn: Buf::new(&mut ps.xn, cfg.n_embd),
+                    q: Buf::new(&mut ps.q, cfg.q_dim()),
+                    k: Buf::new(&mut ps.k, cfg.kv_dim()),
+                    v: Buf::new(&mut ps.v, cfg.kv_dim()),
+                    attn: Buf::new(&mut ps.attn, cfg.q_dim()),
+                    gate: Buf::new(&mut ps.gate, cfg.n_ff),
+                    up: Buf::new(&mut ps.up, cfg.n_ff),
+                    act: SharedMut::new(&mut ps.act),
+                    rope: Buf::new(&mut ps.rope, cfg.rope.n_dims),
+                    qh: Buf::new(&mut ps.qh, cfg.head_dim),
+                    kc: SharedMut::new(&mut store.k),
+                    vc: SharedMut::new(&mut store.v),
+                    layout,
+                }
+            });
+        let views = std::array::from_fn(|_| it.next());
         Pass {
             model,
             rows,
             logit_rows: &s.logit_rows,
-            x: Buf::new(&mut s.x, cfg.n_embd),
-            xn: Buf::new(&mut s.xn, wide),
-            q: Buf::new(&mut s.q, cfg.q_dim()),
-            k: Buf::new(&mut s.k, cfg.kv_dim()),
-            v: Buf::new(&mut s.v, cfg.kv_dim()),
-            attn: Buf::new(&mut s.attn, cfg.q_dim()),
-            gate: Buf::new(&mut s.gate, cfg.n_ff),
-            up: Buf::new(&mut s.up, cfg.n_ff),
-            logits: Buf::new(&mut s.logits, vocab),
-            act: SharedMut::new(&mut s.act),
+            views,
+            n_parts,
+            logits: Buf::new(&mut s.logits, cfg.vocab_size),
             act_stride: s.act_stride,
-            rope: Buf::new(&mut s.rope, cfg.rope.n_dims),
-            qh: Buf::new(&mut s.qh, cfg.head_dim),
-            kc: SharedMut::new(&mut store.k),
-            vc: SharedMut::new(&mut store.v),
             tables,
-            layout,
             isa: cpu::active(),
         }
     }
 
-    pub(super) fn run(&self, pool: &ThreadPool) {
-        pool.run(|w| self.run_on(w));
+    pub(super) fn run(&self, pool: &NodePool) {
+        pool.run(|w| self.run_on(w, self.view(w.node)));
     }
 
-    fn run_on(&self, w: &Worker) {
-        let cfg = &self.model.cfg;
-        let n = self.rows.len();
-        self.embed(w);
-        w.barrier();
-        for (l, lw) in self.model.weights.layers.iter().enumerate() {
-            self.norm_rows(w, &lw.attn_norm, n, |r| r);
-            self.project(w, &self.xn, cfg.n_embd, n, &[(&lw.wq, &self.q, Write::Set), (&lw.wk, &self.k, Write::Set), (&lw.wv, &self.v, Write::Set)]);
-            self.qkv_post(w, l, lw);
-            w.barrier();
-            self.attention(w, l);
-            w.barrier();
-            self.project(w, &self.attn, cfg.q_dim(), n, &[(&lw.wo, &self.x, Write::Add)]);
+    fn view(&self, part: usize) -> &PartView<'a, T> {
+        self.views[part].as_ref().expect("a view per part")
+    }
 
-            self.norm_rows(w, &lw.ffn_norm, n, |r| r);
-            self.project(w, &self.xn, cfg.n_embd, n, &[(&lw.w_gate, &self.gate, Write::Set), (&lw.w_up, &self.up, Write::Set)]);
-            for r in w.share(n, 1) {
-                // SAFETY: rows are split between threads; gate/up were completed before the barrier.
-                unsafe { ops::swiglu(self.isa, self.gate.row_mut(r, cfg.n_ff), self.up.row(r, cfg.n_ff)) };
+    fn others(&self, part: usize) -> impl Iterator<Item = &PartView<'a, T>> {
+        (0..self.n_parts).filter(move |&p| p != part).map(|p| self.view(p))
+    }
+
+    fn run_on(&self, w: &NodeWorker, me: &PartView<T>) {
+        let cfg = &self.model.cfg;
+        let (n, hd) = (self.rows.len(), cfg.head_dim);
+        let split = self.n_parts > 1;
+        self.embed(w);
+        w.global_barrier();
+        for (l, lw) in me.w.layers.iter().enumerate() {
+            // Attention: the part's query heads (and the key/value heads they use).
+            self.norm_rows(w, me, &lw.attn_norm, n, |r| r);
+            let (qc, kc) = (me.part.q_heads.start * hd, me.part.kv_heads.start * hd);
+            self.project(w, me, &me.xn, cfg.n_embd, n, &[(&lw.wq, &me.q, qc, Write::Set), (&lw.wk, &me.k, kc, Write::Set), (&lw.wv, &me.v, kc, Write::Set)]);
+            self.qkv_post(w, me, l, lw);
+            w.group_barrier();
+            self.attention(w, me, l);
+            w.global_barrier();
+            // Output projection: the part's rows of the residual stream, then everyone's copy.
+            self.project(w, me, &me.attn, cfg.q_dim(), n, &[(&lw.wo, &me.x, me.part.embd_rows.start, Write::Add)]);
+            if split {
+                self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
+                w.global_barrier();
             }
-            self.project(w, &self.gate, cfg.n_ff, n, &[(&lw.w_down, &self.x, Write::Add)]);
+            // FFN: the part's rows of gate and up, SwiGLU on them, then everyone's copy.
+            self.norm_rows(w, me, &lw.ffn_norm, n, |r| r);
+            let fc = me.part.ff_rows.start;
+            self.project(w, me, &me.xn, cfg.n_embd, n, &[(&lw.w_gate, &me.gate, fc, Write::Set), (&lw.w_up, &me.up, fc, Write::Set)]);
+            for r in w.share(n, 1) {
+                // SAFETY: rows are split between the node's threads; gate/up were completed
+                // before the barrier that ended the projection.
+                unsafe { ops::swiglu(self.isa, me.gate.cols_mut(r, me.part.ff_rows.clone()), me.up.cols(r, me.part.ff_rows.clone())) };
+            }
+            if split {
+                self.broadcast(w, me, Shared::Ffn, me.part.ff_rows.clone());
+                w.global_barrier();
+            } else {
+                w.group_barrier();
+            }
+            self.project(w, me, &me.gate, cfg.n_ff, n, &[(&lw.w_down, &me.x, me.part.embd_rows.start, Write::Add)]);
+            if split {
+                self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
+                w.global_barrier();
+            }
         }
         let n_logits = self.logit_rows.len();
         if n_logits > 0 {
-            let weights = &self.model.weights;
-            self.norm_rows(w, &weights.output_norm, n_logits, |i| self.logit_rows[i]);
-            self.project(w, &self.xn, cfg.n_embd, n_logits, &[(&weights.output, &self.logits, Write::Set)]);
+            self.norm_rows(w, me, &me.w.output_norm, n_logits, |i| self.logit_rows[i]);
+            let vr = me.part.vocab_rows.start;
+            self.project(w, me, &me.xn, cfg.n_embd, n_logits, &[(&me.w.output, &self.logits, vr, Write::Set)]);
         }
     }
 
-    /// Token embeddings into the residual stream.
-    fn embed(&self, w: &Worker) {
-        let d = self.model.cfg.n_embd;
+    /// Copy columns `cols` of every row of one buffer from this part to the others. The
+    /// node's threads split the rows.
+    fn broadcast(&self, w: &NodeWorker, me: &PartView<T>, which: Shared, cols: Range<usize>) {
         for r in w.share(self.rows.len(), 1) {
-            // SAFETY: each thread writes only its own rows.
-            let out = unsafe { self.x.row_mut(r, d) };
-            self.model.weights.token_embd.dequantize_row(self.rows[r].token as usize, out);
+            // SAFETY: this part alone owns columns `cols` in this phase, in every part's
+            // buffer; its threads split the rows.
+            unsafe {
+                let src = me.shared(which).cols(r, cols.clone());
+                for other in self.others(w.node) {
+                    other.shared(which).cols_mut(r, cols.clone()).copy_from_slice(src);
+                }
+            }
         }
     }
 
-    /// `xn[i] = rms_norm(x[src(i)]) * weight` for `i in 0..count`. No barrier: the next
-    /// projection quantizes the same rows on the same thread first.
-    fn norm_rows(&self, w: &Worker, weight: &[f32], count: usize, src: impl Fn(usize) -> usize) {
-        let d = self.model.cfg.n_embd;
+    /// Token embeddings into every part's residual stream: each row is written by the part
+    /// holding its token's embedding.
+    fn embed(&self, w: &NodeWorker) {
+        let me = self.view(w.node);
+        let vocab = &me.part.vocab_rows;
+        for r in w.share(self.rows.len(), 1) {
+            let token = self.rows[r].token as usize;
+            if !vocab.contains(&token) {
+                continue;
+            }
+            // SAFETY: row r is written by exactly one thread (of the owning part).
+            unsafe {
+                let out = me.x.row_mut(r);
+                me.w.token_embd.dequantize_row(token - vocab.start, out);
+                for other in self.others(w.node) {
+                    other.x.row_mut(r).copy_from_slice(out);
+                }
+            }
+        }
+    }
+
+    /// `xn[i] = rms_norm(x[src(i)]) * weight` for `i in 0..count`, in this part. No barrier:
+    /// the next projection quantizes the same rows on the same thread first.
+    fn norm_rows(&self, w: &NodeWorker, me: &PartView<T>, weight: &[f32], count: usize, src: impl Fn(usize) -> usize) {
         let eps = self.model.cfg.norm_eps;
         for i in w.share(count, 1) {
             // SAFETY: x is read-only in this phase; xn rows are split between threads.
-            unsafe { ops::rms_norm(self.isa, self.x.row(src(i), d), weight, eps, self.xn.row_mut(i, d)) };
+            unsafe { ops::rms_norm(self.isa, me.x.row(src(i)), weight, eps, me.xn.row_mut(i)) };
         }
     }
 
-    /// Multiply `count` rows of `input` (width `cols`) by each matrix, writing or adding the
-    /// results into its output. Activations are quantized once per distinct format, and
-    /// barriers separate quantization from the products and the products from what follows.
-    fn project(&self, w: &Worker, input: &Buf, cols: usize, count: usize, outputs: &[(&Matrix, &Buf, Write)]) {
+    /// Multiply `count` rows of `input` (width `cols`) by each of the part's matrices,
+    /// writing or adding the results at a column offset of its output. Activations are
+    /// quantized once per distinct format; group barriers separate quantization from the
+    /// products and the products from what follows.
+    fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[(&Matrix, &Buf, usize, Write)]) {
         let mut quantized: Option<GgmlType> = None;
-        for &(m, out, mode) in outputs {
+        for &(m, out, col, mode) in outputs {
             let act_ty = quant::vec_dot_type(m.ty);
             if quantized != Some(act_ty) {
                 if quantized.is_some() {
-                    w.barrier();
+                    w.group_barrier();
                 }
-                self.quantize_rows(w, input, cols, count, act_ty);
-                w.barrier();
+                self.quantize_rows(w, me, input, cols, count, act_ty);
+                w.group_barrier();
                 quantized = Some(act_ty);
             }
-            self.matmul(w, m, count, out, mode);
+            let rows = w.share(m.rows, gemm::ROW_ALIGN);
+            // SAFETY: act is read-only in this phase (written before the last barrier); this
+            // thread alone writes columns `col + rows` of `out`.
+            unsafe {
+                let act = me.act.slice(0..count * self.act_stride);
+                gemm::gemm(self.isa, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, out.out(col, mode));
+            }
         }
-        w.barrier();
+        w.group_barrier();
     }
 
-    fn quantize_rows(&self, w: &Worker, input: &Buf, cols: usize, count: usize, ty: GgmlType) {
+    fn quantize_rows(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, ty: GgmlType) {
         let bytes = ty.row_bytes(cols as u64).expect("checked at load") as usize;
         for r in w.share(count, 1) {
-            // SAFETY: input rows are read-only here (written by this same thread or before a
-            // barrier); act rows are split between threads.
+            // SAFETY: input rows are read-only here (written by this thread or before a
+            // barrier); act rows are split between the node's threads.
             unsafe {
-                let dst = self.act.slice_mut(r * self.act_stride..r * self.act_stride + bytes);
-                ops::quantize_row(self.isa, ty, input.row(r, cols), dst);
+                let dst = me.act.slice_mut(r * self.act_stride..r * self.act_stride + bytes);
+                ops::quantize_row(self.isa, ty, input.cols(r, 0..cols), dst);
             }
         }
     }
 
-    /// `out[r][i] (+)= m[i] · act[r]` for this thread's share of output features `i`.
-    fn matmul(&self, w: &Worker, m: &Matrix, count: usize, out: &Buf, mode: Write) {
-        let rows = w.share(m.rows, gemm::ROW_ALIGN);
-        // SAFETY: act is read-only in this phase (written before the last barrier); this
-        // thread alone writes columns `rows` of `out`, which holds `count` rows of `stride`.
-        unsafe {
-            let act = self.act.slice(0..count * self.act_stride);
-            let target = Out { ptr: out.data.as_mut_ptr(), ld: out.stride, accumulate: mode == Write::Add };
-            gemm::gemm(self.isa, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, target);
-        }
-    }
-
-    /// Biases, Q/K norms and rotary embedding; then K and V go into the cache.
-    fn qkv_post(&self, w: &Worker, layer: usize, lw: &LayerWeights) {
+    /// Biases, Q/K norms and rotary embedding of the part's heads; then its K and V go into
+    /// its cache shard.
+    fn qkv_post(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let cfg = &self.model.cfg;
         let hd = cfg.head_dim;
         let rope = &self.model.rope;
+        let (qr, kr) = (me.part.q_heads.clone(), me.part.kv_heads.clone());
+        let (qc, kc) = (qr.start * hd..qr.end * hd, kr.start * hd..kr.end * hd);
         // SAFETY: per-thread scratch row.
-        let angles = unsafe { self.rope.row_mut(w.tid, rope.n_dims()) };
+        let angles = unsafe { me.rope.row_mut(w.tid_in_node) };
         for r in w.share(self.rows.len(), 1) {
             let row = self.rows[r];
             // SAFETY: each thread owns its rows of q, k, v, and the cache slots of those rows'
             // positions (distinct rows have distinct (sequence, position) pairs).
-            let (q, k, v) = unsafe { (self.q.row_mut(r, cfg.q_dim()), self.k.row_mut(r, cfg.kv_dim()), self.v.row_mut(r, cfg.kv_dim())) };
+            let (q, k, v) = unsafe { (me.q.cols_mut(r, qc.clone()), me.k.cols_mut(r, kc.clone()), me.v.cols_mut(r, kc.clone())) };
             for (x, b) in [(&mut *q, &lw.bq), (&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
                 if let Some(b) = b {
-                    x.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                    x.iter_mut().zip(b.iter()).for_each(|(x, b)| *x += b);
                 }
             }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
@@ -242,11 +386,11 @@ impl<'a, T: KvElem> Pass<'a, T> {
 
             let block = self.tables.get(row.seq)[row.pos / BLOCK_TOKENS];
             let slot = row.pos % BLOCK_TOKENS;
-            for h in 0..cfg.n_head_kv {
-                let at = self.layout.offset(layer, block, h, slot);
+            for h in 0..kr.len() {
+                let at = me.layout.offset(layer, block, h, slot);
                 unsafe {
-                    let kd = self.kc.slice_mut(at..at + hd);
-                    let vd = self.vc.slice_mut(at..at + hd);
+                    let kd = me.kc.slice_mut(at..at + hd);
+                    let vd = me.vc.slice_mut(at..at + hd);
                     for d in 0..hd {
                         kd[d] = T::from_f32(k[h * hd + d]);
                         vd[d] = T::from_f32(v[h * hd + d]);
@@ -256,38 +400,44 @@ impl<'a, T: KvElem> Pass<'a, T> {
         }
     }
 
-    /// Causal attention of every (row, head) over its sequence's cached positions, block
-    /// by block (see `blink_kernels::attention` for the numerics).
-    fn attention(&self, w: &Worker, layer: usize) {
+    /// Causal attention of every (row, head of this part) over its sequence's cached
+    /// positions, block by block (see `blink_kernels::attention` for the numerics); the
+    /// result goes into every part's `attn`.
+    fn attention(&self, w: &NodeWorker, me: &PartView<T>, layer: usize) {
         let cfg = &self.model.cfg;
         let hd = cfg.head_dim;
         let group = cfg.n_head / cfg.n_head_kv;
         let scale = 1.0 / (hd as f32).sqrt();
+        let heads = me.part.q_heads.clone();
         // SAFETY: per-thread scratch row.
-        let qh = unsafe { self.qh.row_mut(w.tid, hd) };
+        let qh = unsafe { me.qh.row_mut(w.tid_in_node) };
         // Items are dealt round-robin: a row's cost grows with its position, so contiguous
         // shares would leave the thread with the latest rows doing most of the work.
-        for item in (w.tid..self.rows.len() * cfg.n_head).step_by(w.n_threads) {
-            let (r, h) = (item / cfg.n_head, item % cfg.n_head);
+        let items = self.rows.len() * heads.len();
+        for item in (w.tid_in_node..items).step_by(w.threads_in_node) {
+            let (r, h) = (item / heads.len(), heads.start + item % heads.len());
             let row = self.rows[r];
-            let kvh = h / group;
+            let kvh = h / group - me.part.kv_heads.start;
             let table = self.tables.get(row.seq);
-            // SAFETY: q is read-only now; this thread owns head h of row r in attn; the cache
-            // is read-only in this phase.
-            let (q, acc) = unsafe {
-                (&self.q.row(r, cfg.q_dim())[h * hd..(h + 1) * hd], &mut self.attn.row_mut(r, cfg.q_dim())[h * hd..(h + 1) * hd])
-            };
+            let cols = h * hd..(h + 1) * hd;
+            // SAFETY: q is read-only now; this thread owns head h of row r in every part's
+            // attn; the cache is read-only in this phase.
+            let (q, acc) = unsafe { (me.q.cols(r, cols.clone()), me.attn.cols_mut(r, cols.clone())) };
             attention::prepare_query::<T>(q, qh);
             acc.iter_mut().for_each(|a| *a = 0.0);
             let mut state = Online::default();
             let n_pos = row.pos + 1;
             for (b, &block) in table.iter().enumerate().take(n_pos.div_ceil(BLOCK_TOKENS)) {
                 let n = (n_pos - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-                let at = self.layout.offset(layer, block, kvh, 0);
-                let (keys, values) = unsafe { (self.kc.slice(at..at + n * hd), self.vc.slice(at..at + n * hd)) };
+                let at = me.layout.offset(layer, block, kvh, 0);
+                let (keys, values) = unsafe { (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd)) };
                 attention::attend::<T>(self.isa, qh, keys, values, n, scale, &mut state, acc);
             }
             state.finish(acc);
+            for other in self.others(w.node) {
+                // SAFETY: as above, for the other parts' copies.
+                unsafe { other.attn.cols_mut(r, cols.clone()).copy_from_slice(acc) };
+            }
         }
     }
 }

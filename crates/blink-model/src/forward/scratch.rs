@@ -1,8 +1,31 @@
-//! Working memory of the forward pass, allocated once for a maximum step size.
+//! Working memory of the forward pass, allocated once for a maximum step size: one set of
+//! buffers per part, in that part's memory, plus the shared logits.
 
 use blink_kernels::quant;
 
-use crate::Model;
+use crate::memory::Storage;
+use crate::{Model, ModelError};
+
+/// One part's buffers. Activations are full width in every part: a part computes its own
+/// columns and copies them to the other parts, which then read only local memory.
+pub(super) struct PartScratch {
+    /// Residual stream, `[rows][n_embd]`.
+    pub x: Storage<f32>,
+    /// Normalised input of the next projection, `[rows][n_embd]`.
+    pub xn: Storage<f32>,
+    pub q: Storage<f32>,
+    pub k: Storage<f32>,
+    pub v: Storage<f32>,
+    pub attn: Storage<f32>,
+    pub gate: Storage<f32>,
+    pub up: Storage<f32>,
+    /// Quantized activations, `[rows][act_stride]` bytes.
+    pub act: Storage<u8>,
+    /// Per-thread rope angles, `[threads][n_dims]`.
+    pub rope: Storage<f32>,
+    /// Per-thread rounded query head, `[threads][head_dim]`.
+    pub qh: Storage<f32>,
+}
 
 /// Buffers a step computes in. Sized at creation; a step that does not fit is refused.
 pub struct Scratch {
@@ -10,23 +33,8 @@ pub struct Scratch {
     max_logit_rows: usize,
     max_ctx: usize,
     n_threads: usize,
-    /// Residual stream, `[rows][n_embd]`.
-    pub(super) x: Vec<f32>,
-    /// Normalised input of the next projection, `[rows][max(n_embd, n_ff)]`.
-    pub(super) xn: Vec<f32>,
-    pub(super) q: Vec<f32>,
-    pub(super) k: Vec<f32>,
-    pub(super) v: Vec<f32>,
-    pub(super) attn: Vec<f32>,
-    pub(super) gate: Vec<f32>,
-    pub(super) up: Vec<f32>,
-    /// Quantized activations, `[rows][act_stride]` bytes.
-    pub(super) act: Vec<u8>,
     pub(super) act_stride: usize,
-    /// Per-thread rope angles, `[threads][n_dims]`.
-    pub(super) rope: Vec<f32>,
-    /// Per-thread rounded query head, `[threads][head_dim]`.
-    pub(super) qh: Vec<f32>,
+    pub(super) parts: Vec<PartScratch>,
     /// Logits of the rows that asked for them, `[max_logit_rows][vocab]`.
     pub(super) logits: Vec<f32>,
     /// Indices of the rows with logits, in order (filled per step).
@@ -37,49 +45,58 @@ pub struct Scratch {
 
 impl Scratch {
     /// Room for steps of up to `max_rows` rows, of which up to `max_logit_rows` want logits,
-    /// at positions below `max_ctx`, computed by `n_threads` threads.
+    /// at positions below `max_ctx`, computed by up to `n_threads` threads per part.
     pub fn new(model: &Model, max_rows: usize, max_logit_rows: usize, max_ctx: usize, n_threads: usize) -> Scratch {
+        Self::try_new(model, max_rows, max_logit_rows, max_ctx, n_threads).expect("scratch memory could not be allocated")
+    }
+
+    /// As `new`, reporting a failure to map or bind node memory.
+    pub fn try_new(model: &Model, max_rows: usize, max_logit_rows: usize, max_ctx: usize, n_threads: usize) -> Result<Scratch, ModelError> {
         let cfg = &model.cfg;
-        let w = &model.weights;
         let max_rows = max_rows.max(1);
         let max_logit_rows = max_logit_rows.clamp(1, max_rows);
         let n_threads = n_threads.max(1);
         // The widest quantized activation row any matrix consumes.
-        let mut act_stride = 0;
-        let mut consider = |m: &crate::weights::Matrix| {
-            let ty = quant::vec_dot_type(m.ty);
-            let bytes = ty.row_bytes(m.cols as u64).unwrap_or(0) as usize;
-            act_stride = act_stride.max(bytes);
-        };
-        consider(&w.output);
-        for l in &w.layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                consider(m);
-            }
-        }
-        let act_stride = act_stride.next_multiple_of(64);
-        let wide = cfg.n_embd.max(cfg.n_ff).max(cfg.q_dim());
-        Scratch {
+        let act_stride = model
+            .parts
+            .iter()
+            .flat_map(|w| w.product_matrices())
+            .map(|m| quant::vec_dot_type(m.ty).row_bytes(m.cols as u64).unwrap_or(0) as usize)
+            .max()
+            .unwrap_or(0)
+            .next_multiple_of(64);
+        let placement = model.placement();
+        let parts = (0..model.parts.len())
+            .map(|node| {
+                let home = placement.numa.then_some((&placement.topology, node));
+                let f = |len: usize| Storage::<f32>::zeroed(len, home);
+                Ok(PartScratch {
+                    x: f(max_rows * cfg.n_embd)?,
+                    xn: f(max_rows * cfg.n_embd)?,
+                    q: f(max_rows * cfg.q_dim())?,
+                    k: f(max_rows * cfg.kv_dim())?,
+                    v: f(max_rows * cfg.kv_dim())?,
+                    attn: f(max_rows * cfg.q_dim())?,
+                    gate: f(max_rows * cfg.n_ff)?,
+                    up: f(max_rows * cfg.n_ff)?,
+                    act: Storage::<u8>::zeroed(max_rows * act_stride, home)?,
+                    rope: f(n_threads * cfg.rope.n_dims)?,
+                    qh: f(n_threads * cfg.head_dim)?,
+                })
+            })
+            .collect::<Result<Vec<_>, blink_kernels::numa::NumaError>>()
+            .map_err(|e| ModelError::Placement(e.to_string()))?;
+        Ok(Scratch {
             max_rows,
             max_logit_rows,
             max_ctx,
             n_threads,
-            x: vec![0.0; max_rows * cfg.n_embd],
-            xn: vec![0.0; max_rows * wide],
-            q: vec![0.0; max_rows * cfg.q_dim()],
-            k: vec![0.0; max_rows * cfg.kv_dim()],
-            v: vec![0.0; max_rows * cfg.kv_dim()],
-            attn: vec![0.0; max_rows * cfg.q_dim()],
-            gate: vec![0.0; max_rows * cfg.n_ff],
-            up: vec![0.0; max_rows * cfg.n_ff],
-            act: vec![0; max_rows * act_stride],
             act_stride,
-            rope: vec![0.0; n_threads * cfg.rope.n_dims],
-            qh: vec![0.0; n_threads * cfg.head_dim],
+            parts,
             logits: vec![0.0; max_logit_rows * cfg.vocab_size],
             logit_rows: Vec::with_capacity(max_rows),
             next_pos: Vec::new(),
-        }
+        })
     }
 
     pub fn max_rows(&self) -> usize {
@@ -95,6 +112,7 @@ impl Scratch {
         self.max_ctx
     }
 
+    /// Threads per part the scratch was sized for.
     pub fn n_threads(&self) -> usize {
         self.n_threads
     }

@@ -12,28 +12,13 @@
 
 mod pool;
 
+use blink_kernels::numa::{NumaError, Topology, Zeroable};
+
+use crate::memory::Storage;
 use pool::{chain_hash, BlockPool};
 
 use half::f16;
 use thiserror::Error;
-
-/// A vector of `n` zeros whose pages the OS provides lazily (`alloc_zeroed`), so an
-/// unused part of the cache costs no memory. `vec![x; n]` would write every element.
-fn zeroed<T: KvElem>(n: usize) -> Vec<T> {
-    if n == 0 {
-        return Vec::new();
-    }
-    let layout = std::alloc::Layout::array::<T>(n).expect("cache size fits the address space");
-    // SAFETY: f16 and f32 (the only KvElem types) are valid as all-zero bits; the pointer
-    // comes from the global allocator with exactly this layout, as Vec requires.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        Vec::from_raw_parts(ptr, n, n)
-    }
-}
 
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -137,9 +122,9 @@ struct SeqBlocks {
 }
 
 /// K and V buffers of one element type, all layers in one allocation each.
-pub struct KvStore<T> {
-    pub k: Vec<T>,
-    pub v: Vec<T>,
+pub struct KvStore<T: KvElem + Zeroable> {
+    pub k: Storage<T>,
+    pub v: Storage<T>,
 }
 
 /// The storage, by element type.
@@ -148,32 +133,50 @@ pub enum KvData {
     F32(KvStore<f32>),
 }
 
-/// The block pool and the sequences' block tables.
+/// One part's share of the cache: the values of its key/value heads.
+pub struct KvShard {
+    pub layout: KvLayout,
+    pub data: KvData,
+}
+
+/// The block pool and the sequences' block tables, and the values in one or more shards
+/// (one per NUMA node's heads) that share those tables.
 pub struct KvCache {
-    layout: KvLayout,
     n_blocks: usize,
-    data: KvData,
+    shards: Vec<KvShard>,
     pool: BlockPool,
     seqs: Vec<Option<SeqBlocks>>,
 }
 
 impl KvCache {
     /// A cache of `n_blocks` blocks of `BLOCK_TOKENS` tokens each, for `n_layers` layers
-    /// of `n_kv_heads` heads of `head_dim` values.
+    /// of `n_kv_heads` heads of `head_dim` values, on the heap.
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, ty: KvType, n_blocks: usize) -> KvCache {
-        let layout = KvLayout::new(n_layers, n_kv_heads, head_dim, n_blocks);
-        let elems = n_layers * layout.layer_elems;
-        let data = match ty {
-            KvType::F16 => KvData::F16(KvStore { k: zeroed(elems), v: zeroed(elems) }),
-            KvType::F32 => KvData::F32(KvStore { k: zeroed(elems), v: zeroed(elems) }),
-        };
-        KvCache {
-            layout,
-            n_blocks,
-            data,
-            pool: BlockPool::new(n_blocks),
-            seqs: Vec::new(),
-        }
+        Self::sharded(n_layers, &[(n_kv_heads, None)], head_dim, ty, n_blocks).expect("heap storage does not fail")
+    }
+
+    /// A cache whose values are split in shards of `heads` key/value heads each, each in
+    /// its home (`None`: the heap; `Some((topology, node))`: memory bound to that node).
+    pub fn sharded(
+        n_layers: usize,
+        shards: &[(usize, Option<(&Topology, usize)>)],
+        head_dim: usize,
+        ty: KvType,
+        n_blocks: usize,
+    ) -> Result<KvCache, NumaError> {
+        let shards = shards
+            .iter()
+            .map(|&(heads, home)| {
+                let layout = KvLayout::new(n_layers, heads, head_dim, n_blocks);
+                let elems = n_layers * layout.layer_elems;
+                let data = match ty {
+                    KvType::F16 => KvData::F16(KvStore { k: Storage::zeroed(elems, home)?, v: Storage::zeroed(elems, home)? }),
+                    KvType::F32 => KvData::F32(KvStore { k: Storage::zeroed(elems, home)?, v: Storage::zeroed(elems, home)? }),
+                };
+                Ok(KvShard { layout, data })
+            })
+            .collect::<Result<Vec<_>, NumaError>>()?;
+        Ok(KvCache { n_blocks, shards, pool: BlockPool::new(n_blocks), seqs: Vec::new() })
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -181,17 +184,18 @@ impl KvCache {
         tokens.div_ceil(BLOCK_TOKENS)
     }
 
-    pub fn layout(&self) -> &KvLayout {
-        &self.layout
+    /// The shards' layouts, in part order.
+    pub fn layouts(&self) -> impl Iterator<Item = &KvLayout> {
+        self.shards.iter().map(|s| &s.layout)
     }
 
     /// The storage for writing, with a read-only view of the block tables beside it.
-    pub fn split_mut(&mut self) -> (BlockTables<'_>, &mut KvData) {
-        (BlockTables { seqs: &self.seqs }, &mut self.data)
+    pub fn split_mut(&mut self) -> (BlockTables<'_>, &mut [KvShard]) {
+        (BlockTables { seqs: &self.seqs }, &mut self.shards)
     }
 
     pub fn kv_type(&self) -> KvType {
-        match self.data {
+        match self.shards[0].data {
             KvData::F16(_) => KvType::F16,
             KvData::F32(_) => KvType::F32,
         }

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use blink_engine::rng::Rng;
-use blink_kernels::pool::ThreadPool;
+use blink_kernels::numa::NodePool;
 use blink_model::{KvType, Model, Scratch, StepRow};
 use serde::Serialize;
 
@@ -101,7 +101,7 @@ pub fn main(args: Args) -> CliResult {
         });
     };
     for &t in &threads {
-        let pool = ThreadPool::new(t.max(1));
+        let pool = model.pool(t.max(1))?;
         for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
             let samples = repeat(args.reps, || prompt_speed(model, &pool, p, args.cache_type))?;
             emit(format!("pp{p}"), t, 1, samples);
@@ -141,7 +141,7 @@ fn random_tokens(model: &Model, n: usize, seed: u64) -> Vec<u32> {
 }
 
 /// Tokens per second evaluating an `n`-token prompt in one step.
-fn prompt_speed(model: &Model, pool: &ThreadPool, n: usize, kv_type: KvType) -> CliResult<f64> {
+fn prompt_speed(model: &Model, pool: &NodePool, n: usize, kv_type: KvType) -> CliResult<f64> {
     let mut kv = model.new_kv_cache(n, kv_type);
     let seq = kv.new_seq();
     let mut scratch = Scratch::new(model, n, 1, n, pool.n_threads());
@@ -156,7 +156,7 @@ fn prompt_speed(model: &Model, pool: &ThreadPool, n: usize, kv_type: KvType) -> 
 }
 
 /// Aggregate tokens per second generating `n` tokens in each of `batch` sequences.
-fn gen_speed(model: &Model, pool: &ThreadPool, n: usize, batch: usize, kv_type: KvType) -> CliResult<f64> {
+fn gen_speed(model: &Model, pool: &NodePool, n: usize, batch: usize, kv_type: KvType) -> CliResult<f64> {
     let mut kv = model.new_kv_cache(batch * (n + 1), kv_type);
     let seqs: Vec<usize> = (0..batch).map(|_| kv.new_seq()).collect();
     let mut scratch = Scratch::new(model, batch, batch, n + 1, pool.n_threads());

@@ -1,0 +1,149 @@
+//! Where a model's weights, cache and work live: one flat pool, or one part per NUMA node.
+//!
+//! Tensor parallelism splits every layer by *output* rows, so each part computes whole
+//! dot products and every result is bit-identical to the unsplit model: query heads (with
+//! the key/value heads they need), the output projection's and the FFN's rows, and the
+//! vocabulary rows of the embedding table and the LM head. Splits follow each node's
+//! thread count, so uneven splits and head counts not divisible by the node count work.
+
+use std::ops::Range;
+
+use blink_kernels::gemm::ROW_ALIGN;
+use blink_kernels::numa::{NodePool, NumaError, Topology};
+
+use crate::config::ModelConfig;
+
+/// How the model is spread over the machine.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub topology: Topology,
+    /// Threads of each node (one entry per node used).
+    pub threads: Vec<usize>,
+    /// Whether memory is split per node (tensor parallel) or one flat pool.
+    pub numa: bool,
+}
+
+impl Placement {
+    /// One flat pool of `threads` threads over the CPUs this process may use; memory is
+    /// not bound to any node.
+    pub fn flat(threads: usize) -> Placement {
+        let cpus = blink_kernels::affinity::allowed_cpus();
+        Placement { topology: Topology::fallback(&cpus), threads: vec![threads.max(1)], numa: false }
+    }
+
+    /// Tensor parallel over `topology`'s nodes, `threads` in all, divided among the nodes in
+    /// proportion to their CPUs (at least one each).
+    pub fn tensor_parallel(topology: Topology, threads: usize) -> Placement {
+        let cpus: Vec<usize> = topology.nodes().iter().map(|n| n.cpus.len().max(1)).collect();
+        let per_node = proportional(threads.max(cpus.len()), &cpus, 1).iter().map(|r| r.len().max(1)).collect();
+        Placement { topology, threads: per_node, numa: true }
+    }
+
+    /// Nodes (parts) used.
+    pub fn n_parts(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Threads in all.
+    pub fn n_threads(&self) -> usize {
+        self.threads.iter().sum()
+    }
+
+    /// The thread pool this placement runs on.
+    pub fn pool(&self) -> Result<NodePool, NumaError> {
+        NodePool::new(&self.topology, &self.threads)
+    }
+}
+
+/// One node's part of the model: the ranges of work and weights it owns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub q_heads: Range<usize>,
+    /// The key/value heads its query heads use (neighbouring parts may share one).
+    pub kv_heads: Range<usize>,
+    /// Rows of the attention output projection and of the FFN down projection.
+    pub embd_rows: Range<usize>,
+    /// Rows of the FFN gate and up projections (columns of down).
+    pub ff_rows: Range<usize>,
+    /// Rows of the embedding table and of the LM head.
+    pub vocab_rows: Range<usize>,
+}
+
+/// The parts of a model for a placement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub parts: Vec<Part>,
+}
+
+impl Plan {
+    /// Split `cfg`'s work over parts weighted by `weights` (threads per node).
+    pub fn new(cfg: &ModelConfig, weights: &[usize]) -> Plan {
+        let group = cfg.n_head / cfg.n_head_kv;
+        let q = proportional(cfg.n_head, weights, 1);
+        let embd = proportional(cfg.n_embd, weights, ROW_ALIGN);
+        let ff = proportional(cfg.n_ff, weights, ROW_ALIGN);
+        let vocab = proportional(cfg.vocab_size, weights, ROW_ALIGN);
+        let parts = (0..weights.len())
+            .map(|i| {
+                let q_heads = q[i].clone();
+                let kv_heads = if q_heads.is_empty() {
+                    0..0
+                } else {
+                    q_heads.start / group..(q_heads.end - 1) / group + 1
+                };
+                Part { q_heads, kv_heads, embd_rows: embd[i].clone(), ff_rows: ff[i].clone(), vocab_rows: vocab[i].clone() }
+            })
+            .collect();
+        Plan { parts }
+    }
+}
+
+/// Split `0..n` into contiguous ranges proportional to `weights`, with inner boundaries on
+/// multiples of `align` (the largest remainders get the leftover units).
+pub fn proportional(n: usize, weights: &[usize], align: usize) -> Vec<Range<usize>> {
+    let align = align.max(1);
+    let units = n.div_ceil(align);
+    let total: usize = weights.iter().sum::<usize>().max(1);
+    let mut counts: Vec<usize> = weights.iter().map(|&w| units * w / total).collect();
+    let mut left = units - counts.iter().sum::<usize>();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse((units * weights[i]) % total));
+    for &i in order.iter().cycle().take(weights.len() * 2) {
+        if left == 0 {
+            break;
+        }
+        counts[i] += 1;
+        left -= 1;
+    }
+    let mut start = 0;
+    counts
+        .iter()
+        .map(|&c| {
+            let r = (start * align).min(n)..((start + c) * align).min(n);
+            start += c;
+            r
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proportional_splits_cover_everything_once() {
+        for (n, w, a) in [(9usize, vec![1usize, 1], 1usize), (576, vec![1, 1, 1], 8), (49152, vec![3, 1], 8), (3, vec![1, 1, 1, 1], 1), (100, vec![2, 5], 8)] {
+            let parts = proportional(n, &w, a);
+            assert_eq!(parts.len(), w.len());
+            let mut next = 0;
+            for p in &parts {
+                assert_eq!(p.start, next);
+                assert!(p.start % a == 0 || p.start == n);
+                next = p.end;
+            }
+            assert_eq!(next, n, "{n} {w:?}");
+        }
+        assert_eq!(proportional(9, &[1, 1], 1), vec![0..5, 5..9]);
+        assert_eq!(proportional(9, &[1, 1, 1], 1), vec![0..3, 3..6, 6..9]);
+    }
+}
