@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use blink_gguf::GgufFile;
 use blink_model::chat_template::ChatTemplate;
 use blink_model::tokenizer::Tokenizer;
-use blink_model::{KvType, Model};
+use blink_model::{KvType, Model, Placement};
 use clap::Args;
 
 /// Errors of the CLI: one line each.
@@ -72,6 +72,38 @@ pub struct ComputeArgs {
     pub cache_type: KvType,
     #[command(flatten)]
     pub kernel: KernelArgs,
+    #[command(flatten)]
+    pub numa: NumaArgs,
+}
+
+/// How to use NUMA nodes.
+#[derive(Args, Clone, Debug, Default)]
+pub struct NumaArgs {
+    /// NUMA mode: `off` (one flat pool) or `tp` (tensor parallel: one part of the model per
+    /// node, in node-local memory). Default: tp when the machine has more than one node.
+    #[arg(long = "numa", value_parser = ["off", "tp"])]
+    pub numa: Option<String>,
+    /// Simulate this many NUMA nodes by splitting the allowed CPUs (implies --numa tp).
+    #[arg(long = "numa-nodes")]
+    pub numa_nodes: Option<usize>,
+}
+
+impl NumaArgs {
+    /// The placement for `threads` compute threads.
+    pub fn placement(&self, threads: usize) -> CliResult<Placement> {
+        use blink_kernels::numa::Topology;
+        match (self.numa.as_deref(), self.numa_nodes) {
+            (_, Some(0)) => Err("--numa-nodes must be at least 1".into()),
+            (Some("off"), Some(_)) => Err("--numa-nodes needs --numa tp".into()),
+            (_, Some(n)) => Ok(Placement::tensor_parallel(Topology::simulated(n), threads)),
+            (Some("off"), None) => Ok(Placement::flat(threads)),
+            (Some(_), None) => Ok(Placement::tensor_parallel(Topology::detect(), threads)),
+            (None, None) => {
+                let topology = Topology::detect();
+                Ok(if topology.n_nodes() > 1 { Placement::tensor_parallel(topology, threads) } else { Placement::flat(threads) })
+            }
+        }
+    }
 }
 
 pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
@@ -104,14 +136,23 @@ impl Loaded {
 
     /// Load, first fixing the kernel path if `compute` asks for one.
     pub fn load_with(args: &ModelArgs, compute: Option<&ComputeArgs>) -> CliResult<Loaded> {
-        if let Some(c) = compute {
-            c.kernel.apply()?;
-        }
+        let placement = match compute {
+            Some(c) => {
+                c.kernel.apply()?;
+                c.numa.placement(c.threads())?
+            }
+            None => Placement::flat(1),
+        };
+        Self::load_placed(args, &placement)
+    }
+
+    /// Load with an explicit placement (the kernel path must already be fixed).
+    pub fn load_placed(args: &ModelArgs, placement: &Placement) -> CliResult<Loaded> {
         let path = args.path()?;
         let with_path = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         let file = std::sync::Arc::new(GgufFile::open(&path).map_err(|e| with_path(&e))?);
         // The architecture first: it is the most basic thing a file can get wrong.
-        let model = Model::from_gguf(file.clone()).map_err(|e| with_path(&e))?;
+        let model = Model::from_gguf_placed(file.clone(), placement).map_err(|e| with_path(&e))?;
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| with_path(&e))?;
         let template = ChatTemplate::from_gguf(&file).map_err(|e| with_path(&e))?;
         Ok(Loaded { model, tokenizer, template })

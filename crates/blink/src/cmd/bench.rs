@@ -13,7 +13,7 @@ use blink_kernels::numa::NodePool;
 use blink_model::{KvType, Model, Scratch, StepRow};
 use serde::Serialize;
 
-use crate::common::{CliResult, KernelArgs, Loaded, ModelArgs};
+use crate::common::{CliResult, KernelArgs, Loaded, ModelArgs, NumaArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -45,6 +45,8 @@ pub struct Args {
     bandwidth: bool,
     #[command(flatten)]
     kernel: KernelArgs,
+    #[command(flatten)]
+    numa: NumaArgs,
 }
 
 /// One result row.
@@ -63,20 +65,22 @@ struct Row {
 
 pub fn main(args: Args) -> CliResult {
     args.kernel.apply()?;
-    let loaded = Loaded::load(&args.model)?;
-    let model = &loaded.model;
-    let kernel = blink_kernels::cpu::active();
-    let file_type = crate::cmd::info::file_type_of(model);
     let threads = if args.threads.is_empty() {
         vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
     } else {
         args.threads.clone()
     };
+    // A tensor-parallel placement depends on the thread count: load per count then.
+    let first = Loaded::load_placed(&args.model, &args.numa.placement(threads[0])?)?;
+    let model = &first.model;
+    let kernel = blink_kernels::cpu::active();
+    let file_type = crate::cmd::info::file_type_of(model);
     if !args.json {
         println!(
-            "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, {} repetitions",
+            "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, {}, {} repetitions",
             model.cfg.name,
             model.file().file_size() as f64 / 1048576.0,
+            numa_label(model),
             args.reps.max(1)
         );
         println!("| test | threads | batch | tok/s |");
@@ -100,7 +104,16 @@ pub fn main(args: Args) -> CliResult {
             samples,
         });
     };
+    let mut placed = Vec::new();
     for &t in &threads {
+        let reloaded;
+        let model = if model.placement().numa && t != threads[0] {
+            reloaded = Loaded::load_placed(&args.model, &args.numa.placement(t)?)?;
+            &reloaded.model
+        } else {
+            model
+        };
+        placed.push((t, accounting(model)));
         let pool = model.pool(t.max(1))?;
         for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
             let samples = repeat(args.reps, || prompt_speed(model, &pool, p, args.cache_type))?;
@@ -119,7 +132,55 @@ pub fn main(args: Args) -> CliResult {
     if args.bandwidth {
         report_bandwidth(model, &threads, &rows, args.json);
     }
+    for (t, lines) in placed {
+        for line in lines {
+            let line = format!("memory at {t} thread(s): {line}");
+            if args.json {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        }
+    }
     Ok(())
+}
+
+fn numa_label(model: &Model) -> String {
+    let p = model.placement();
+    if p.numa {
+        let kind = if p.topology.is_simulated() { "simulated" } else { "real" };
+        format!("numa tp over {} {kind} node(s), threads {:?}", p.n_parts(), p.threads)
+    } else {
+        "numa off (flat pool)".to_string()
+    }
+}
+
+/// Per-token weight bytes each node reads from its own memory and from other nodes',
+/// from the placement (exact: every byte a decode step reads has one known home).
+fn accounting(model: &Model) -> Vec<String> {
+    let per_part = model.bytes_per_token_by_part();
+    let total: usize = per_part.iter().sum();
+    let mb = |b: f64| b / 1e6;
+    if model.placement().numa {
+        let mut lines: Vec<String> = per_part
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| format!("node {i} reads {:.2} MB/token of weights from its own memory, 0 MB from other nodes", mb(b as f64)))
+            .collect();
+        lines.push(format!("cross-node weight reads: 0 of {:.2} MB/token (0%)", mb(total as f64)));
+        lines
+    } else {
+        // A flat pool on an n-node machine: threads everywhere read weights that live on one
+        // node (or are spread evenly); either way (n-1)/n of the reads cross nodes.
+        let n = model.placement().topology.n_nodes().max(blink_kernels::numa::Topology::detect().n_nodes());
+        let share = (n - 1) as f64 / n as f64;
+        vec![format!(
+            "flat pool on {n} node(s): expected cross-node weight reads {:.2} of {:.2} MB/token ({:.0}%)",
+            mb(total as f64 * share),
+            mb(total as f64),
+            100.0 * share
+        )]
+    }
 }
 
 /// One warm-up, then `reps` measured runs.

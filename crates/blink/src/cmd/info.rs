@@ -95,6 +95,11 @@ pub fn main(args: Args) -> CliResult {
     );
     println!("chat template:   {}", if loaded.template.is_some() { "yes" } else { "none" });
     println!("kernel path:     {} (best on this CPU: {})", blink_kernels::cpu::active(), blink_kernels::cpu::Isa::best());
+    let topology = blink_kernels::numa::Topology::detect();
+    println!("numa topology:   {} node(s)", topology.n_nodes());
+    for line in topology.to_string().lines() {
+        println!("  {line}");
+    }
     if args.metadata {
         println!("metadata:");
         for (k, v) in file.metadata() {
