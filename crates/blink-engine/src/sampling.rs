@@ -159,16 +159,16 @@ impl Sampler {
         let p = self.params.clone();
         let c = &mut self.candidates;
         c.clear();
-        c.extend(logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &logit)| Candidate { id: i as u32, logit }));
+        let by_logit_desc = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
+        if p.top_k > 0 && p.top_k < logits.len() {
+            top_k_into(logits, p.top_k, c);
+        } else {
+            c.extend(logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &logit)| Candidate { id: i as u32, logit }));
+            c.sort_unstable_by(by_logit_desc);
+        }
         if c.is_empty() {
             return 0;
         }
-        let by_logit_desc = |a: &Candidate, b: &Candidate| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id));
-        if p.top_k > 0 && p.top_k < c.len() {
-            c.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            c.truncate(p.top_k);
-        }
-        c.sort_unstable_by(by_logit_desc);
 
         // top-p on the untempered distribution.
         if p.top_p < 1.0 {
@@ -202,6 +202,26 @@ impl Sampler {
             }
         }
         c[c.len() - 1].id
+    }
+}
+
+/// The `k` largest logits, best first (ties by lower id), in one pass: a candidate enters
+/// only if it beats the current k-th, so almost every logit costs one comparison.
+fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<Candidate>) {
+    let better = |a: &Candidate, b: &Candidate| a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    for (i, &logit) in logits.iter().enumerate() {
+        if logit.is_nan() {
+            continue;
+        }
+        let cand = Candidate { id: i as u32, logit };
+        if out.len() == k {
+            if !better(&cand, &out[k - 1]) {
+                continue;
+            }
+            out.pop();
+        }
+        let at = out.partition_point(|x| better(x, &cand));
+        out.insert(at, cand);
     }
 }
 
@@ -288,6 +308,22 @@ mod tests {
         let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 0, top_p: 0.01, min_p: 0.0, seed: Some(3), ..Default::default() });
         for _ in 0..50 {
             assert_eq!(s.sample(&mut logits()), 1);
+        }
+    }
+
+    #[test]
+    fn one_pass_top_k_equals_a_full_sort() {
+        let mut rng = Rng::new(5);
+        for k in [1usize, 3, 40] {
+            // Coarse values so ties occur.
+            let logits: Vec<f32> = (0..5000).map(|_| (rng.next_u64() % 200) as f32 / 10.0).collect();
+            let mut fast = Vec::new();
+            top_k_into(&logits, k, &mut fast);
+            let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let want: Vec<(u32, f32)> = all.into_iter().take(k).collect();
+            let got: Vec<(u32, f32)> = fast.iter().map(|c| (c.id, c.logit)).collect();
+            assert_eq!(got, want);
         }
     }
 
