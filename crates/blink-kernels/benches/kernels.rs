@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the hot kernels: GEMV (one activation row) and GEMM (64 rows) per
 //! weight type on every kernel path this CPU has, and attention over a long context.
+//! Throughput is in multiply-accumulates (elements = rows × cols × activation rows).
 //!
 //! `cargo bench -p blink-kernels` (add `-- gemm/Q4_1` to filter).
 
@@ -13,6 +14,13 @@ use half::f16;
 
 const ROWS: usize = 1536;
 const COLS: usize = 576;
+/// Columns for the 256-element k-quants (576 is not a whole number of their blocks).
+const COLS_K: usize = 768;
+
+const TYPES: [GgmlType; 13] = {
+    use GgmlType::*;
+    [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16]
+};
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed | 1;
@@ -32,21 +40,22 @@ fn paths() -> Vec<Isa> {
 
 fn bench_gemm(c: &mut Criterion) {
     let mut group = c.benchmark_group("gemm");
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
-        let mut w = vec![0u8; ty.row_bytes((ROWS * COLS) as u64).unwrap() as usize];
-        quantize_weights(ty, &values(ROWS * COLS, 1), &mut w).unwrap();
+    for ty in TYPES {
+        let cols = if ty.block_size() == 256 { COLS_K } else { COLS };
+        let mut w = vec![0u8; ty.row_bytes((ROWS * cols) as u64).unwrap() as usize];
+        quantize_weights(ty, &values(ROWS * cols, 1), &mut w).unwrap();
         let act_ty = vec_dot_type(ty);
-        let stride = act_ty.row_bytes(COLS as u64).unwrap() as usize;
+        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
         for n_act in [1usize, 64] {
             let mut act = vec![0u8; n_act * stride];
-            let x = values(n_act * COLS, 2);
+            let x = values(n_act * cols, 2);
             for r in 0..n_act {
-                quantize_row(act_ty, &x[r * COLS..(r + 1) * COLS], &mut act[r * stride..(r + 1) * stride]);
+                quantize_row(act_ty, &x[r * cols..(r + 1) * cols], &mut act[r * stride..(r + 1) * stride]);
             }
             let mut out = vec![0f32; n_act * ROWS];
-            group.throughput(Throughput::Elements((ROWS * COLS * n_act) as u64));
+            group.throughput(Throughput::Elements((ROWS * cols * n_act) as u64));
             for isa in paths() {
-                let packed = prepare(isa, ty, ROWS, COLS, &w);
+                let packed = prepare(isa, ty, ROWS, cols, &w);
                 let (layout, bytes) = match &packed {
                     Some(p) => (Layout::Packed, p.as_slice()),
                     None => (Layout::RowMajor, w.as_slice()),
@@ -57,7 +66,7 @@ fn bench_gemm(c: &mut Criterion) {
                 let id = BenchmarkId::new(format!("{ty}/{isa}"), n_act);
                 group.bench_function(id, |b| {
                     b.iter(|| unsafe {
-                        gemm(isa, ty, layout, COLS, bytes, 0..ROWS, &act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false })
+                        gemm(isa, ty, layout, cols, bytes, 0..ROWS, &act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false })
                     })
                 });
             }

@@ -11,6 +11,8 @@ pub mod bandwidth;
 pub mod cpu;
 pub mod gemm;
 pub mod math;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod numa;
 pub mod ops;
 pub mod pool;

@@ -4,6 +4,8 @@
 //! The bodies are written once as scalar code that uses `mul_add` exactly where ggml's
 //! compiled code fuses; x86 wrappers compile the same bodies with FMA enabled (so `mul_add`
 //! is one instruction instead of a libm call) or use explicit AVX2, and give identical bits.
+//! On AArch64 `mul_add` is always one instruction, so NEON runs the bodies as they are,
+//! with an explicit NEON activation quantizer.
 
 use blink_gguf::GgmlType;
 
@@ -67,9 +69,10 @@ mod fma {
 }
 
 /// Whether `isa` runs the x86 FMA-compiled bodies.
+#[cfg(target_arch = "x86_64")]
 #[inline]
 fn x86_fma(isa: Isa) -> bool {
-    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
 }
 
 /// RMS norm of `x` into `out`, scaled by `weight`.
@@ -125,8 +128,47 @@ pub fn quantize_row(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         // SAFETY: as above; `dst` holds the whole row (checked).
         return unsafe { x86_q8::quantize(src, dst, ty == GgmlType::Q8_1) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) && src.len() % 32 == 0 {
+        assert!(dst.len() >= ty.row_bytes(src.len() as u64).unwrap_or(u64::MAX) as usize, "quantize_row: output too short");
+        // SAFETY: NEON is part of every AArch64 CPU; `dst` holds the whole row (checked).
+        return unsafe { arm_q8::quantize(src, dst, ty == GgmlType::Q8_1) };
+    }
     let _ = isa;
     quant::quantize_row(ty, src, dst)
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arm_q8 {
+    use std::arch::aarch64::*;
+
+    /// `Q8_0` (34-byte) or `Q8_1` (36-byte) blocks exactly as `quant::quantize_row`:
+    /// multiplier `127/amax`, round half to even, saturating to i8, `s = d·Σq`.
+    #[target_feature(enable = "neon")]
+    pub unsafe fn quantize(src: &[f32], dst: &mut [u8], with_sum: bool) {
+        let block_bytes = if with_sum { 36 } else { 34 };
+        let qs_at = if with_sum { 4 } else { 2 };
+        for (b, x) in src.chunks_exact(32).enumerate() {
+            let v: [float32x4_t; 8] = std::array::from_fn(|i| vld1q_f32(x.as_ptr().add(4 * i)));
+            // maxNum skips NaNs, as `f32::max` does.
+            let amax = vmaxnmvq_f32(v.iter().fold(vdupq_n_f32(0.0), |m, &x| vmaxnmq_f32(m, vabsq_f32(x))));
+            let d = amax / 127.0;
+            let id = vdupq_n_f32(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            // Round half to even, then saturating narrows (i32 → i16 → i8).
+            let q32: [int32x4_t; 8] = std::array::from_fn(|i| vcvtnq_s32_f32(vmulq_f32(v[i], id)));
+            let q16: [int16x8_t; 4] = std::array::from_fn(|i| vcombine_s16(vqmovn_s32(q32[2 * i]), vqmovn_s32(q32[2 * i + 1])));
+            let q8 = [vcombine_s8(vqmovn_s16(q16[0]), vqmovn_s16(q16[1])), vcombine_s8(vqmovn_s16(q16[2]), vqmovn_s16(q16[3]))];
+            let out = dst.as_mut_ptr().add(b * block_bytes);
+            let half = |f: f32| half::f16::from_f32(f).to_bits().to_le_bytes();
+            std::ptr::copy_nonoverlapping(half(d).as_ptr(), out, 2);
+            if with_sum {
+                let sum = vaddlvq_s8(q8[0]) as i32 + vaddlvq_s8(q8[1]) as i32;
+                std::ptr::copy_nonoverlapping(half(d * sum as f32).as_ptr(), out.add(2), 2);
+            }
+            vst1q_s8(out.add(qs_at) as *mut i8, q8[0]);
+            vst1q_s8(out.add(qs_at + 16) as *mut i8, q8[1]);
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -190,7 +232,7 @@ mod tests {
 
     #[test]
     fn fast_paths_equal_the_scalar_bodies() {
-        for isa in [Isa::Avx2, Isa::Avx512Vnni].into_iter().filter(|i| i.supported()) {
+        for isa in [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
             for n in [64usize, 576, 1536, 100] {
                 let x = row(n, n as u32);
                 let w = row(n, 7);
@@ -221,6 +263,22 @@ mod tests {
                         assert_eq!(q1, q2, "quantize {ty} {isa} {n}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn fast_quantizers_round_exact_ties_to_even() {
+        // Each block's extreme is 127, so the multiplier is exactly 1 and the half-integer
+        // values are real ties (`row` above rarely produces any).
+        let x: Vec<f32> = (0..256).map(|i| if i % 32 == 5 { 127.0 } else { (i % 32) as f32 - 15.5 }).collect();
+        for isa in [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
+            for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
+                let bytes = ty.row_bytes(x.len() as u64).unwrap() as usize;
+                let (mut q1, mut q2) = (vec![0u8; bytes], vec![0u8; bytes]);
+                quantize_row(Isa::Scalar, ty, &x, &mut q1);
+                quantize_row(isa, ty, &x, &mut q2);
+                assert_eq!(q1, q2, "quantize {ty} {isa}");
             }
         }
     }

@@ -10,6 +10,60 @@ use proptest::prelude::*;
 
 const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0];
 
+/// Types whose SIMD kernels read the row-major layout.
+const ROW_MAJOR: [GgmlType; 8] = {
+    use GgmlType::*;
+    [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16]
+};
+
+/// A xorshift stream (seeds differing only in bit 0 give the same stream).
+fn stream(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+/// `n` finite values of assorted magnitudes (2^-6 .. 2^4 times up to ±10), full mantissas.
+fn random_values(n: usize, seed: u64) -> Vec<f32> {
+    let mut next = stream(seed);
+    (0..n)
+        .map(|_| {
+            let r = next();
+            ((r % 20001) as f32 - 10000.0) * 1e-3 * 2f32.powi((r >> 40) as i32 % 11 - 6)
+        })
+        .collect()
+}
+
+/// Random row-major weights: k-quant blocks of random bytes with small finite f16 `d` (and
+/// `dmin`); float rows of random finite values.
+fn random_row_major(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut next = stream(seed);
+    let n_bytes = ty.row_bytes((rows * cols) as u64).unwrap() as usize;
+    let (d, dmin) = match ty {
+        GgmlType::Q2_K => (80, Some(82)),
+        GgmlType::Q3_K => (108, None),
+        GgmlType::Q4_K | GgmlType::Q5_K => (0, Some(2)),
+        GgmlType::Q6_K => (208, None),
+        _ => {
+            let mut out = vec![0u8; n_bytes];
+            quantize_row(ty, &random_values(rows * cols, next()), &mut out);
+            return out;
+        }
+    };
+    let mut out: Vec<u8> = (0..n_bytes).map(|_| next() as u8).collect();
+    for block in out.chunks_exact_mut(ty.type_size()) {
+        for at in std::iter::once(d).chain(dmin) {
+            let v = half::f16::from_f32(((next() % 2000) as f32 - 1000.0) * 1e-5);
+            block[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+        }
+    }
+    out
+}
+
 /// Random but valid blocks: random quant bytes, small finite f16 scale fields.
 fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let mut s = seed | 1;
@@ -75,6 +129,33 @@ proptest! {
         for isa in paths() {
             let got = run(isa, ty, Layout::Packed, &packed, rows, cols, &act, stride, n_act, accumulate);
             prop_assert!(same(&got), "{isa} {ty}: {:?} vs scalar {:?}", got, want);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// k-quants (whole super-blocks) and float rows (any length, so the leftover elements
+    /// past the last whole step are covered) over the row-major layout.
+    #[test]
+    fn simd_row_major_gemm_equals_scalar(ty_i in 0usize..8, rows in 1usize..27, len in 1usize..300, n_act in 1usize..14, seed in any::<u64>(), accumulate in any::<bool>()) {
+        let ty = ROW_MAJOR[ty_i];
+        let cols = if ty.block_size() == 256 { 256 * (1 + len % 4) } else { len };
+        let w = random_row_major(ty, rows, cols, seed);
+        let act_ty = vec_dot_type(ty);
+        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize + 5;
+        let mut act = vec![0u8; n_act * stride];
+        for r in 0..n_act {
+            let x = random_values(cols, seed.rotate_left(17) ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            quantize_row(act_ty, &x, &mut act[r * stride..r * stride + stride - 5]);
+        }
+        let want = run(Isa::Scalar, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
+        for isa in paths() {
+            let got = run(isa, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
+            let bad = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+            prop_assert!(bad.is_none(), "{isa} {ty} rows={rows} cols={cols} n_act={n_act}: first difference at {bad:?}: {:?} vs scalar {:?}",
+                bad.map(|i| got[i]), bad.map(|i| want[i]));
         }
     }
 }

@@ -7,10 +7,19 @@
 //!
 //! Weights come either row-major, as in the file, or repacked by [`prepare`] into the
 //! interleaved layout of [`pack`] that the SIMD kernels of the 32-element formats read.
+//! The k-quants and float types stay row-major; their SIMD kernels read that directly.
 
+#[cfg(target_arch = "aarch64")]
+mod neon_fam32;
+#[cfg(target_arch = "aarch64")]
+mod neon_rowmajor;
 pub mod pack;
 #[cfg(target_arch = "x86_64")]
 mod x86_fam32;
+#[cfg(target_arch = "x86_64")]
+mod x86_float;
+#[cfg(target_arch = "x86_64")]
+mod x86_kquant;
 
 use std::ops::Range;
 
@@ -41,8 +50,8 @@ pub struct Out {
 /// file's row-major layout.
 pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8>> {
     match isa {
-        Isa::Avx2 | Isa::Avx512Vnni => pack::pack(ty, rows, cols, src),
-        Isa::Scalar | Isa::Neon => None,
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon => pack::pack(ty, rows, cols, src),
+        Isa::Scalar => None,
     }
 }
 
@@ -74,7 +83,37 @@ pub unsafe fn gemm(isa: Isa, ty: GgmlType, layout: Layout, cols: usize, w: &[u8]
                 return;
             }
         }
+        // SAFETY: `Isa::Neon` is only used once `Isa::supported()` holds, which checks
+        // the NEON and dot-product features the kernel enables.
+        #[cfg(target_arch = "aarch64")]
+        if isa == Isa::Neon && neon_fam32::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
+            return;
+        }
         return scalar_packed(ty, cols, w, rows, act, act_stride, n_act, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: an `Isa` other than `Scalar` is only used once `Isa::supported()` holds,
+        // which checks every feature these `#[target_feature]` functions enable.
+        let done = match isa {
+            Isa::Avx512Vnni => {
+                x86_kquant::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
+                    || x86_float::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
+            }
+            Isa::Avx2 => {
+                x86_kquant::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
+                    || x86_float::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
+            }
+            _ => false,
+        };
+        if done {
+            return;
+        }
+    }
+    // SAFETY: as for the packed NEON kernel above.
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
+        return;
     }
     scalar(ty, cols, w, rows, act, act_stride, n_act, out);
 }

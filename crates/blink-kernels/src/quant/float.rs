@@ -2,10 +2,10 @@
 //!
 //! Conversions to the 16-bit formats round to nearest, ties to even, exactly as ggml's
 //! `ggml_compute_fp32_to_fp16` / `ggml_compute_fp32_to_bf16` (NaN stays NaN, quietened).
-//! `F32`/`F16` dots follow ggml's AVX-512 order ([`dot_lanes16`]); `BF16` accumulates
-//! sequentially in `f32`.
+//! `F32`/`F16` dots follow ggml's AVX-512 order ([`dot_lanes16`]); `BF16` follows ggml's
+//! AVX-512F order without the BF16 extension ([`dot_lanes16_unfused`]).
 
-use super::reduce::dot_lanes16;
+use super::reduce::{dot_lanes16, dot_lanes16_unfused};
 use half::f16;
 
 /// Round an `f32` to the nearest `bf16` (ties to even), as bits. NaNs are forced quiet.
@@ -85,13 +85,6 @@ pub fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-fn dot_with<const N: usize>(n: usize, w: &[u8], a: &[u8], widen: impl Fn([u8; N]) -> f32) -> f32 {
-    words::<N>(w)
-        .zip(words::<N>(a))
-        .take(n)
-        .fold(0.0f32, |acc, (x, y)| acc + widen(x) * widen(y))
-}
-
 /// Dot product of two `F32` rows of `n` elements, in ggml's AVX-512 order.
 pub fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let at = |bytes: &[u8], i: usize| f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
@@ -104,9 +97,11 @@ pub fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     dot_lanes16(n, |i| at(w, i), |i| at(a, i), true)
 }
 
-/// Dot product of two `BF16` rows of `n` elements.
+/// Dot product of two `BF16` rows of `n` elements, in ggml's AVX-512F order (two 16-lane
+/// accumulators of unfused products, combined in `f64`).
 pub fn dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_with::<2>(n, w, a, |b| bf16_bits_to_f32(u16::from_le_bytes(b)))
+    let at = |bytes: &[u8], i: usize| bf16_bits_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]));
+    dot_lanes16_unfused(n, |i| at(w, i), |i| at(a, i))
 }
 
 #[cfg(test)]

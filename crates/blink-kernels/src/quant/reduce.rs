@@ -65,6 +65,36 @@ pub fn dot_lanes16(n: usize, x: impl Fn(usize) -> f32, y: impl Fn(usize) -> f32,
     }
 }
 
+/// Elements per step of the `BF16` dot product: two 16-lane accumulators.
+pub const BF16_DOT_STEP: usize = 32;
+
+/// Dot product of `n` elements in the order of ggml's AVX-512F `ggml_vec_dot_bf16` (its
+/// path without the BF16 extension): whole 32-element steps go into two 16-lane
+/// accumulators, each lane adding the rounded product (`acc + x·y`, no FMA); each
+/// accumulator is reduced with [`hsum16`] and added to an `f64` sum, leftover products
+/// (rounded in `f32`) are added to it one by one, and the sum is rounded to `f32`.
+#[inline]
+pub fn dot_lanes16_unfused(n: usize, x: impl Fn(usize) -> f32, y: impl Fn(usize) -> f32) -> f32 {
+    let np = n - n % BF16_DOT_STEP;
+    let mut acc = [[0f32; 16]; 2];
+    for i in (0..np).step_by(BF16_DOT_STEP) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, lane) in a.iter_mut().enumerate() {
+                let e = i + 16 * j + l;
+                *lane += x(e) * y(e);
+            }
+        }
+    }
+    let mut sum = 0f64;
+    for a in &acc {
+        sum += hsum16(a) as f64;
+    }
+    for e in np..n {
+        sum += (x(e) * y(e)) as f64;
+    }
+    sum as f32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +109,7 @@ mod tests {
         let want: f32 = x.iter().map(|v| v * v).sum();
         assert_eq!(dot_lanes16(100, |i| x[i], |i| x[i], true), want);
         assert_eq!(dot_lanes16(100, |i| x[i], |i| x[i], false), want);
+        assert_eq!(dot_lanes16_unfused(100, |i| x[i], |i| x[i]), want);
     }
 
     #[test]

@@ -1,0 +1,235 @@
+//! NEON kernels (with the dot-product extension) for the 32-element formats (`Q4_0`,
+//! `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`) against their 8-bit activations, over the interleaved
+//! layout of [`super::pack`].
+//!
+//! The structure of the x86 kernels on 128-bit vectors: lane `l` of a packed group's eight
+//! rows is 32 bytes, rows 0-3 then rows 4-7, so one `SDOT` of a half against the
+//! activation's lane `l` (the by-element form, which broadcasts one 32-bit lane of a
+//! register) gives the exact `i32` lane sums of four rows. Weights
+//! are unpacked to signed bytes (`q - 8`, `q - 16`, or as stored; the unsigned quants of
+//! `Q4_1`/`Q5_1` fit as they are), so no correction term is needed. Each sum is converted
+//! and accumulated with one FMA by `d_w·d_a` per lane and block, the `m·s` terms go to a
+//! separate tail (multiply, then add), and the lanes are summed in `hsum8` order: per
+//! output exactly the order of [`DotAcc`], so results are bit-identical to the scalar
+//! reference.
+//!
+//! A tile is one half of a group (four rows) × one or two activation rows: eight `f32`
+//! accumulators per activation row, leaving registers for the weights, the activation
+//! quants (two registers per row) and temporaries.
+//!
+//! [`DotAcc`]: crate::quant::DotAcc
+
+#![allow(clippy::too_many_arguments)]
+
+use std::arch::aarch64::*;
+use std::ops::Range;
+
+use super::pack::{Fields, GROUP};
+use super::Out;
+use crate::neon::{load_f16x4, sdot_lane, splat_f16};
+
+/// Rows per tile: half a packed group, one 128-bit vector of lane sums.
+const HALF: usize = GROUP / 2;
+
+/// A 32-element format as the kernel sees it.
+trait Fam32 {
+    const FIELDS: Fields;
+    /// Bytes per activation block (`Q8_0`: 34, `Q8_1`: 36); quants start at `ACT_QS`.
+    const ACT_BYTES: usize;
+    const ACT_QS: usize;
+    /// Subtracted from each unpacked quant to give the signed weight.
+    const OFFSET: i8;
+}
+
+struct Q4_0;
+struct Q4_1;
+struct Q5_0;
+struct Q5_1;
+struct Q8_0;
+
+macro_rules! fam32 {
+    ($t:ident, $act_bytes:expr, $act_qs:expr, $offset:expr) => {
+        impl Fam32 for $t {
+            const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::$t) {
+                Some(f) => f,
+                None => panic!("not a packable type"),
+            };
+            const ACT_BYTES: usize = $act_bytes;
+            const ACT_QS: usize = $act_qs;
+            const OFFSET: i8 = $offset;
+        }
+    };
+}
+
+fam32!(Q4_0, 34, 2, 8);
+fam32!(Q4_1, 36, 4, 0);
+fam32!(Q5_0, 34, 2, 16);
+fam32!(Q5_1, 36, 4, 0);
+fam32!(Q8_0, 34, 2, 0);
+
+/// The 16 fifth bits at `qh` (little-endian), bit `i` as value 16 in byte `i`.
+#[inline(always)]
+unsafe fn fifth_bits(qh: *const u8) -> uint8x16_t {
+    const SPREAD: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+    const SELECT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let bits = vreinterpretq_u8_u16(vdupq_n_u16((qh as *const u16).read_unaligned()));
+    let spread = vqtbl1q_u8(bits, vld1q_u8(SPREAD.as_ptr()));
+    vandq_u8(vtstq_u8(spread, vld1q_u8(SELECT.as_ptr())), vdupq_n_u8(16))
+}
+
+/// Lanes `l` and `l + 4` of the four rows of half `h` of the group-block at `gb`, as
+/// signed weights.
+#[inline(always)]
+unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, h: usize, l: usize) -> (int8x16_t, int8x16_t) {
+    let (_, qh_at, qs_at) = F::FIELDS.packed_offsets();
+    let at = |lane: usize| gb.add(qs_at + 32 * lane + 16 * h);
+    if F::FIELDS.bits == 8 {
+        return (vld1q_s8(at(l) as *const i8), vld1q_s8(at(l + 4) as *const i8));
+    }
+    let raw = vld1q_u8(at(l));
+    let mut lo = vandq_u8(raw, vdupq_n_u8(0x0f));
+    let mut hi = vshrq_n_u8::<4>(raw);
+    if F::FIELDS.qh.is_some() {
+        lo = vorrq_u8(lo, fifth_bits(gb.add(qh_at + 4 * l + 2 * h)));
+        hi = vorrq_u8(hi, fifth_bits(gb.add(qh_at + 4 * (l + 4) + 2 * h)));
+    }
+    let offset = vdupq_n_s8(F::OFFSET);
+    (vsubq_s8(vreinterpretq_s8_u8(lo), offset), vsubq_s8(vreinterpretq_s8_u8(hi), offset))
+}
+
+/// Lanes `L` and `L + 4` of one block: `acc[j][lane] += scale_j · (w_lane · a_j,lane)`.
+#[inline(always)]
+unsafe fn lanes<F: Fam32, const RA: usize, const L: usize>(
+    gb: *const u8,
+    h: usize,
+    aq: &[[int8x16_t; 2]; RA],
+    scales: &[float32x4_t; RA],
+    acc: &mut [[float32x4_t; 8]; RA],
+) {
+    let (w_lo, w_hi) = unpack_lanes::<F>(gb, h, L);
+    for j in 0..RA {
+        for (half, wv) in [w_lo, w_hi].into_iter().enumerate() {
+            let sums = sdot_lane(vdupq_n_s32(0), wv, aq[j][half], L);
+            let lane = L + 4 * half;
+            acc[j][lane] = vfmaq_f32(acc[j][lane], scales[j], vcvtq_f32_s32(sums));
+        }
+    }
+}
+
+/// One tile: rows `4h..4h + 4` of the packed group at `w` × `RA` activation rows. Writes
+/// the rows below `live`.
+#[inline(always)]
+unsafe fn tile<F: Fam32, const RA: usize>(
+    n_blocks: usize,
+    w: *const u8,
+    h: usize,
+    a: *const u8,
+    a_stride: usize,
+    out: *mut f32,
+    ld: usize,
+    accumulate: bool,
+    live: usize,
+) {
+    let fields = F::FIELDS;
+    let (m_at, _, _) = fields.packed_offsets();
+    let group_block = fields.group_block();
+    let has_min = fields.m.is_some();
+    let zero = vdupq_n_f32(0.0);
+    let mut acc = [[zero; 8]; RA];
+    let mut tail = [zero; RA];
+    for b in 0..n_blocks {
+        let gb = w.add(b * group_block);
+        let dw = load_f16x4(gb.add(2 * HALF * h));
+        let mut scales = [zero; RA];
+        // The activation's lanes 0..4 and 4..8, for by-lane dot products.
+        let mut aq = [[vdupq_n_s8(0); 2]; RA];
+        for j in 0..RA {
+            let ab = a.add(j * a_stride + b * F::ACT_BYTES);
+            let qs = ab.add(F::ACT_QS) as *const i8;
+            aq[j] = [vld1q_s8(qs), vld1q_s8(qs.add(16))];
+            scales[j] = vmulq_f32(dw, splat_f16(ab));
+            if has_min {
+                let mw = load_f16x4(gb.add(m_at + 2 * HALF * h));
+                tail[j] = vaddq_f32(tail[j], vmulq_f32(mw, splat_f16(ab.add(2))));
+            }
+        }
+        // Spelled out so that lanes and accumulators are constants (registers).
+        lanes::<F, RA, 0>(gb, h, &aq, &scales, &mut acc);
+        lanes::<F, RA, 1>(gb, h, &aq, &scales, &mut acc);
+        lanes::<F, RA, 2>(gb, h, &aq, &scales, &mut acc);
+        lanes::<F, RA, 3>(gb, h, &aq, &scales, &mut acc);
+    }
+    for j in 0..RA {
+        // hsum8 over lanes, for four rows at once.
+        let c = &acc[j];
+        let v = vaddq_f32(
+            vaddq_f32(vaddq_f32(c[0], c[4]), vaddq_f32(c[2], c[6])),
+            vaddq_f32(vaddq_f32(c[1], c[5]), vaddq_f32(c[3], c[7])),
+        );
+        let v = vaddq_f32(v, tail[j]);
+        let o = out.add(j * ld);
+        if live == HALF {
+            let v = if accumulate { vaddq_f32(vld1q_f32(o), v) } else { v };
+            vst1q_f32(o, v);
+        } else {
+            let mut vals = [0f32; HALF];
+            vst1q_f32(vals.as_mut_ptr(), v);
+            for (i, &x) in vals.iter().enumerate().take(live) {
+                if accumulate {
+                    *o.add(i) += x;
+                } else {
+                    *o.add(i) = x;
+                }
+            }
+        }
+    }
+}
+
+/// `out[r][i] (+)= w_i · a_r` for `i` in `rows` (which must start on a group boundary),
+/// `r` in `0..n_act`; `w` is the packed matrix.
+#[inline(always)]
+unsafe fn gemm<F: Fam32>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+    assert!(rows.start % GROUP == 0, "row ranges of packed matrices start on a group");
+    let n_blocks = cols / 32;
+    let group_bytes = n_blocks * F::FIELDS.group_block();
+    assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
+    assert!(act.len() >= (n_act - 1) * act_stride + n_blocks * F::ACT_BYTES, "activations too short");
+    for g in (rows.start..rows.end).step_by(GROUP) {
+        let wg = w.as_ptr().add(g / GROUP * group_bytes);
+        for h in 0..2 {
+            let first = g + HALF * h;
+            if first >= rows.end {
+                break;
+            }
+            let live = (rows.end - first).min(HALF);
+            let ot = |j: usize| out.ptr.add(j * out.ld + first);
+            let at = |j: usize| act.as_ptr().add(j * act_stride);
+            let mut j = 0;
+            while n_act - j >= 2 {
+                tile::<F, 2>(n_blocks, wg, h, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+                j += 2;
+            }
+            if j < n_act {
+                tile::<F, 1>(n_blocks, wg, h, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+            }
+        }
+    }
+}
+
+/// Run the packed kernel for `ty`; false if `ty` has none.
+///
+/// # Safety
+/// The CPU must have NEON and the dot-product extension; `out` as for [`super::gemm`].
+#[target_feature(enable = "neon,dotprod")]
+pub(super) unsafe fn gemm_neon(ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+    use blink_gguf::GgmlType as T;
+    match ty {
+        T::Q4_0 => gemm::<Q4_0>(cols, w, rows, act, act_stride, n_act, out),
+        T::Q4_1 => gemm::<Q4_1>(cols, w, rows, act, act_stride, n_act, out),
+        T::Q5_0 => gemm::<Q5_0>(cols, w, rows, act, act_stride, n_act, out),
+        T::Q5_1 => gemm::<Q5_1>(cols, w, rows, act, act_stride, n_act, out),
+        T::Q8_0 => gemm::<Q8_0>(cols, w, rows, act, act_stride, n_act, out),
+        _ => return false,
+    }
+    true
+}
