@@ -29,12 +29,19 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Measure prompt and generation speed (llama-bench style).
     Bench(cmd::bench::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API, with a chat page.
+    Serve(cmd::serve::Args),
+    /// Load-test a server with concurrent streaming clients.
+    BenchServe(cmd::bench_serve::Args),
     /// Show a model's architecture, hyper-parameters, tensor types and tokenizer.
     Info(cmd::info::Args),
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // llama.cpp's servers spell --parallel `-np`; clap's short flags are one letter.
+    let args: Vec<_> = std::env::args_os().collect();
+    let serving = args.get(1).is_some_and(|c| c == "serve" || c == "bench-serve");
+    let cli = Cli::parse_from(args.into_iter().map(|a| if serving && a == "-np" { "--parallel".into() } else { a }));
     let result = match cli.command {
         Command::Run(a) => cmd::run::main(a),
         Command::Chat(a) => cmd::chat::main(a),
@@ -42,6 +49,8 @@ fn main() {
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Info(a) => cmd::info::main(a),
         Command::Bench(a) => cmd::bench::main(a),
+        Command::Serve(a) => cmd::serve::main(a),
+        Command::BenchServe(a) => cmd::bench_serve::main(a),
     };
     if let Err(e) = result {
         // One line, whatever the error chain.

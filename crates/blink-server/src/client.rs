@@ -1,0 +1,188 @@
+//! A small HTTP/1.1 client with server-sent-event reading, on hyper and tokio.
+//!
+//! One connection per request (no pooling): enough for `blink bench-serve` and the tests,
+//! and it keeps every request's timing independent.
+
+use axum::http::{header, HeaderMap, Method, Request};
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+/// Where a server is: `http://HOST:PORT[/PREFIX]`.
+#[derive(Clone, Debug)]
+pub struct Client {
+    host: String,
+    prefix: String,
+    api_key: Option<String>,
+}
+
+/// A whole response.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl HttpResponse {
+    /// The body parsed as JSON.
+    pub fn json(&self) -> Result<Value, String> {
+        serde_json::from_slice(&self.body).map_err(|e| format!("response is not JSON ({e}): {}", self.text()))
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A streamed response read event by event.
+pub struct EventStream {
+    pub status: u16,
+    body: Incoming,
+    buf: BytesMut,
+    ended: bool,
+}
+
+impl EventStream {
+    /// The `data` of the next event; `Ok(None)` when the body ends.
+    pub async fn next_event(&mut self) -> Result<Option<String>, String> {
+        loop {
+            if let Some((at, sep)) = find_event_end(&self.buf) {
+                let raw = self.buf.split_to(at);
+                self.buf.advance(sep);
+                let text = std::str::from_utf8(&raw).map_err(|_| "an event is not UTF-8".to_string())?;
+                let data: Vec<&str> = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                    .collect();
+                if data.is_empty() {
+                    continue; // a comment or an event with no data
+                }
+                return Ok(Some(data.join("\n")));
+            }
+            if self.ended {
+                if self.buf.iter().all(u8::is_ascii_whitespace) {
+                    return Ok(None);
+                }
+                return Err(format!("the stream ended inside an event: {:?}", String::from_utf8_lossy(&self.buf)));
+            }
+            match self.body.frame().await {
+                None => self.ended = true,
+                Some(Err(e)) => return Err(format!("reading the stream failed: {e}")),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Where the first event ends, and the separator's length.
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+impl Client {
+    /// A client for the server at `base` (`http://HOST:PORT`, optionally with a path prefix).
+    pub fn new(base: &str) -> Result<Client, String> {
+        let rest = base.strip_prefix("http://").ok_or_else(|| format!("'{base}': only http:// URLs are supported"))?;
+        let (host, prefix) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        if host.is_empty() {
+            return Err(format!("'{base}': no host"));
+        }
+        let host = if host.contains(':') && !host.ends_with(']') { host.to_owned() } else { format!("{host}:80") };
+        Ok(Client { host, prefix: prefix.to_owned(), api_key: None })
+    }
+
+    /// Send `Authorization: Bearer KEY` with every request.
+    pub fn with_api_key(mut self, key: Option<String>) -> Client {
+        self.api_key = key;
+        self
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Option<Bytes>) -> Result<hyper::Response<Incoming>, String> {
+        let stream = TcpStream::connect(&self.host).await.map_err(|e| format!("cannot connect to {}: {e}", self.host))?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("HTTP handshake with {} failed: {e}", self.host))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut req = Request::builder().method(method).uri(format!("{}{path}", self.prefix)).header(header::HOST, &self.host);
+        if let Some(key) = &self.api_key {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req.body(Full::new(body.unwrap_or_default())).map_err(|e| format!("bad request: {e}"))?;
+        sender.send_request(req).await.map_err(|e| format!("request to {} failed: {e}", self.host))
+    }
+
+    async fn whole(resp: hyper::Response<Incoming>) -> Result<HttpResponse, String> {
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await.map_err(|e| format!("reading the response failed: {e}"))?.to_bytes();
+        Ok(HttpResponse { status, headers, body })
+    }
+
+    pub async fn get(&self, path: &str) -> Result<HttpResponse, String> {
+        Self::whole(self.send(Method::GET, path, None).await?).await
+    }
+
+    /// POST a raw body (sent as `application/json`, whatever it holds).
+    pub async fn post_raw(&self, path: &str, body: impl Into<Bytes>) -> Result<HttpResponse, String> {
+        Self::whole(self.send(Method::POST, path, Some(body.into())).await?).await
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<HttpResponse, String> {
+        self.post_raw(path, body.to_string()).await
+    }
+
+    /// POST and read the answer as server-sent events. A non-200 answer is an error carrying
+    /// the status and body.
+    pub async fn stream(&self, path: &str, body: &Value) -> Result<EventStream, String> {
+        let resp = self.send(Method::POST, path, Some(Bytes::from(body.to_string()))).await?;
+        if resp.status() != 200 {
+            let r = Self::whole(resp).await?;
+            return Err(format!("HTTP {}: {}", r.status, r.text()));
+        }
+        Ok(EventStream { status: 200, body: resp.into_body(), buf: BytesMut::new(), ended: false })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_end_at_the_first_blank_line() {
+        assert_eq!(find_event_end(b"data: a\n\ndata: b\n\n"), Some((7, 2)));
+        assert_eq!(find_event_end(b"data: a\r\n\r\nx"), Some((7, 4)));
+        assert_eq!(find_event_end(b"data: a\n"), None);
+    }
+
+    #[test]
+    fn urls() {
+        let c = Client::new("http://127.0.0.1:8080/v1/").unwrap();
+        assert_eq!((c.host.as_str(), c.prefix.as_str()), ("127.0.0.1:8080", "/v1"));
+        assert_eq!(Client::new("http://localhost").unwrap().host, "localhost:80");
+        assert!(Client::new("https://x").is_err() && Client::new("http://").is_err());
+    }
+}

@@ -1,0 +1,244 @@
+//! One request's generation, from the engine's token events to final text.
+//!
+//! The engine sends token ids; here they become text with `StreamDecoder` (which holds back
+//! partial UTF-8) and `StopMatcher` (which holds back possible beginnings of a stop string),
+//! so text is released only when final. When a stop string completes, the submission is
+//! dropped, which cancels the rest of the generation. Token log-probabilities are released
+//! with the text they start in. Server-side latency metrics (time to first token, time
+//! between tokens) are recorded here.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use blink_engine::serve::{Event, Request, Submission, Usage};
+use blink_engine::stop::{StopMatcher, StopScan};
+use blink_engine::FinishReason;
+use blink_model::StreamDecoder;
+
+use crate::error::ApiError;
+use crate::openai::request::Common;
+use crate::state::{App, Ready};
+
+/// One generated token, for log-probability reports.
+#[derive(Clone, Debug)]
+pub struct TokenOut {
+    pub id: u32,
+    /// Where its text starts in the completion, in characters.
+    pub char_offset: usize,
+    /// Where its text starts in the completion, in bytes.
+    byte_offset: usize,
+    pub logprob: f32,
+    /// The most likely alternatives, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// How a generation ended.
+#[derive(Clone, Copy, Debug)]
+pub struct End {
+    pub finish: &'static str,
+    pub usage: Usage,
+}
+
+/// Text released by one step of [`Generation::next`].
+#[derive(Debug, Default)]
+pub struct Piece {
+    pub text: String,
+    /// Tokens whose text starts in what has been released (only when log-probabilities were asked for).
+    pub tokens: Vec<TokenOut>,
+    /// Set on the last piece.
+    pub end: Option<End>,
+}
+
+/// A submitted request being read.
+pub struct Generation {
+    app: App,
+    ready: Arc<Ready>,
+    /// `None` once the request ended or was cancelled by a stop string.
+    sub: Option<Submission>,
+    decoder: StreamDecoder,
+    stop: StopMatcher,
+    logprobs: bool,
+    prompt_tokens: usize,
+    /// Token events read from the engine.
+    consumed: usize,
+    /// Bytes and characters of decoded text so far.
+    raw_bytes: usize,
+    raw_chars: usize,
+    /// Bytes released to the client so far.
+    released: usize,
+    pending: VecDeque<TokenOut>,
+    started: Instant,
+    last_token: Option<Instant>,
+    done: bool,
+}
+
+impl Generation {
+    /// Check the request against the context limit and submit it to the engine.
+    ///
+    /// `started` is when the request arrived (time to first token is measured from it).
+    pub fn start(app: App, ready: Arc<Ready>, prompt: Vec<u32>, common: &Common, started: Instant) -> Result<Generation, ApiError> {
+        let limit = ready.max_seq_len;
+        let n = prompt.len();
+        if n == 0 {
+            return Err(ApiError::param("prompt", "the prompt is empty"));
+        }
+        if n >= limit {
+            return Err(ApiError::context_length(format!(
+                "the prompt has {n} tokens but this server's context length is {limit} tokens; shorten the prompt"
+            )));
+        }
+        let max_tokens = common.max_tokens.unwrap_or(limit - n);
+        if max_tokens > limit - n {
+            return Err(ApiError {
+                param: Some("max_tokens"),
+                ..ApiError::context_length(format!(
+                    "the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds this server's context length of {limit} tokens"
+                ))
+            });
+        }
+        let req = Request {
+            prompt,
+            max_tokens,
+            sampling: common.sampling.clone(),
+            logprobs: common.logprobs,
+            ignore_eos: common.ignore_eos,
+        };
+        let sub = ready.engine.submit(req)?;
+        Ok(Generation {
+            app,
+            ready,
+            sub: Some(sub),
+            decoder: StreamDecoder::new(false),
+            stop: StopMatcher::new(&common.stop),
+            logprobs: common.logprobs.is_some(),
+            prompt_tokens: n,
+            consumed: 0,
+            raw_bytes: 0,
+            raw_chars: 0,
+            released: 0,
+            pending: VecDeque::new(),
+            started,
+            last_token: None,
+            done: false,
+        })
+    }
+
+    /// The next released text; `Ok(None)` after the piece that carried the end.
+    pub async fn next(&mut self) -> Result<Option<Piece>, ApiError> {
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            let Some(sub) = self.sub.as_mut() else {
+                self.done = true;
+                return Ok(None);
+            };
+            match sub.next().await {
+                Some(Event::Token { id, logprobs }) => {
+                    self.on_token_timing();
+                    self.consumed += 1;
+                    let text = self.decoder.push(&self.ready.tokenizer, id);
+                    if self.logprobs {
+                        let (logprob, top) = logprobs.map_or((0.0, Vec::new()), |l| (l.logprob, l.top));
+                        let t = TokenOut { id, char_offset: self.raw_chars, byte_offset: self.raw_bytes, logprob, top };
+                        self.pending.push_back(t);
+                    }
+                    self.raw_bytes += text.len();
+                    self.raw_chars += text.chars().count();
+                    match self.stop.push(text) {
+                        StopScan::Continue(out) => {
+                            let piece = out.to_owned();
+                            self.released += piece.len();
+                            let tokens = self.ready_tokens();
+                            if !piece.is_empty() || !tokens.is_empty() {
+                                return Ok(Some(Piece { text: piece, tokens, end: None }));
+                            }
+                        }
+                        StopScan::Stopped(out) => {
+                            let piece = out.to_owned();
+                            return Ok(Some(self.stopped(piece)));
+                        }
+                    }
+                }
+                Some(Event::Finished { reason, usage }) => {
+                    let rest = self.decoder.finish();
+                    self.raw_bytes += rest.len();
+                    self.raw_chars += rest.chars().count();
+                    let mut text = match self.stop.push(&rest) {
+                        StopScan::Continue(out) => out.to_owned(),
+                        StopScan::Stopped(out) => {
+                            let piece = out.to_owned();
+                            return Ok(Some(self.stopped(piece)));
+                        }
+                    };
+                    text.push_str(&self.stop.finish());
+                    self.released += text.len();
+                    let tokens: Vec<TokenOut> = self.pending.drain(..).collect();
+                    let finish = match reason {
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length => "length",
+                    };
+                    let end = self.end(finish, usage);
+                    return Ok(Some(Piece { text, tokens, end: Some(end) }));
+                }
+                Some(Event::Failed(msg)) => {
+                    self.done = true;
+                    self.sub = None;
+                    return Err(ApiError::internal(format!("generation failed: {msg}")));
+                }
+                None => {
+                    self.done = true;
+                    self.sub = None;
+                    return Err(ApiError::internal("the engine ended the request without finishing it"));
+                }
+            }
+        }
+    }
+
+    /// A stop string completed: cancel the request and report what came before it.
+    fn stopped(&mut self, text: String) -> Piece {
+        self.sub = None;
+        self.released += text.len();
+        let released = self.released;
+        let tokens = self.pending.drain(..).filter(|t| t.byte_offset < released).collect();
+        let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.consumed, cached_tokens: 0 };
+        let end = self.end("stop", usage);
+        Piece { text, tokens, end: Some(end) }
+    }
+
+    /// Record the end in the metrics.
+    fn end(&mut self, finish: &'static str, usage: Usage) -> End {
+        self.done = true;
+        self.app.metrics.add_tokens(usage.prompt_tokens as u64, usage.completion_tokens as u64);
+        End { finish, usage }
+    }
+
+    /// Pending tokens whose text starts inside the released text.
+    fn ready_tokens(&mut self) -> Vec<TokenOut> {
+        let mut out = Vec::new();
+        while self.pending.front().is_some_and(|t| t.byte_offset < self.released) {
+            out.extend(self.pending.pop_front());
+        }
+        out
+    }
+
+    fn on_token_timing(&mut self) {
+        let now = Instant::now();
+        match self.last_token {
+            None => self.app.metrics.ttft.observe(now.duration_since(self.started).as_secs_f64()),
+            Some(prev) => self.app.metrics.itl.observe(now.duration_since(prev).as_secs_f64()),
+        }
+        self.last_token = Some(now);
+    }
+
+    /// Prompt tokens submitted.
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// The ready model this generation runs on.
+    pub fn ready(&self) -> &Arc<Ready> {
+        &self.ready
+    }
+}

@@ -1,0 +1,179 @@
+//! Prometheus metrics: server-side counters and latency histograms, plus the engine's state.
+//!
+//! Counters are atomics (the request counter, keyed by endpoint and status, is a small map
+//! behind a mutex touched once per request). Nothing here is on the engine's compute path.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use blink_engine::serve::EngineStats;
+
+/// Time-to-first-token buckets, in seconds.
+const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+/// Inter-token latency buckets, in seconds.
+const ITL_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+/// A cumulative histogram with fixed buckets.
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// One count per bound, plus +Inf.
+    counts: Vec<AtomicU64>,
+    /// Sum of observations in microseconds.
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_us: AtomicU64::new(0) }
+    }
+
+    /// Record one observation (seconds).
+    pub fn observe(&self, secs: f64) {
+        let i = self.bounds.iter().position(|&b| secs <= b).unwrap_or(self.bounds.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add((secs.max(0.0) * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            cum += c.load(Ordering::Relaxed);
+            match self.bounds.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+                }
+            }
+        }
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cum}");
+    }
+}
+
+/// The server's metrics.
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    /// Seconds from a request's arrival to its first generated token.
+    pub ttft: Histogram,
+    /// Seconds between consecutive tokens of a request.
+    pub itl: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Mutex::new(BTreeMap::new()),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+        }
+    }
+}
+
+impl Metrics {
+    /// Count one answered request.
+    pub fn request(&self, endpoint: &'static str, status: u16) {
+        if let Ok(mut map) = self.requests.lock() {
+            *map.entry((endpoint, status)).or_insert(0) += 1;
+        }
+    }
+
+    /// Count the tokens of one finished generation.
+    pub fn add_tokens(&self, prompt: u64, generated: u64) {
+        self.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
+        self.generated_tokens.fetch_add(generated, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition; `engine` is `None` while the model loads.
+    pub fn render(&self, engine: Option<&EngineStats>) -> String {
+        let mut out = String::with_capacity(4096);
+        out.push_str("# HELP blink_requests_total HTTP requests answered, by endpoint and status.\n");
+        out.push_str("# TYPE blink_requests_total counter\n");
+        if let Ok(map) = self.requests.lock() {
+            for ((endpoint, status), n) in map.iter() {
+                let _ = writeln!(out, "blink_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
+            }
+        }
+        counter(&mut out, "blink_prompt_tokens_total", "Prompt tokens of finished requests.", self.prompt_tokens.load(Ordering::Relaxed) as f64);
+        counter(&mut out, "blink_generated_tokens_total", "Tokens generated for finished requests.", self.generated_tokens.load(Ordering::Relaxed) as f64);
+        self.ttft.render(&mut out, "blink_time_to_first_token_seconds", "Time from a request's arrival to its first token.");
+        self.itl.render(&mut out, "blink_inter_token_latency_seconds", "Time between consecutive tokens of a request.");
+        let Some(s) = engine else {
+            gauge(&mut out, "blink_model_loaded", "1 once the model is loaded.", 0.0);
+            return out;
+        };
+        gauge(&mut out, "blink_model_loaded", "1 once the model is loaded.", 1.0);
+        gauge(&mut out, "blink_queue_depth", "Requests waiting for admission.", s.queue_depth as f64);
+        gauge(&mut out, "blink_running_sequences", "Sequences being prefilled or decoded.", s.running as f64);
+        gauge(&mut out, "blink_batch_rows", "Rows (tokens) in the last engine step.", s.last_batch_rows as f64);
+        gauge(&mut out, "blink_kv_blocks_used", "KV cache blocks owned by running sequences.", s.kv_blocks_used as f64);
+        gauge(&mut out, "blink_kv_blocks_cached", "KV cache blocks without an owner that still hold a cached prompt prefix (reusable).", s.kv_blocks_cached as f64);
+        gauge(&mut out, "blink_kv_blocks_total", "KV cache blocks in all.", s.kv_blocks_total as f64);
+        let usage = if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 };
+        gauge(&mut out, "blink_kv_usage_ratio", "Share of KV cache blocks owned by running sequences.", usage);
+        gauge(&mut out, "blink_f_ctrl", "Share of engine step time not spent in the forward pass.", s.f_ctrl());
+        counter(&mut out, "blink_engine_requests_finished_total", "Requests the engine finished.", s.requests_finished as f64);
+        counter(&mut out, "blink_engine_prompt_tokens_total", "Prompt tokens the engine admitted.", s.prompt_tokens_total as f64);
+        counter(&mut out, "blink_engine_prompt_tokens_cached_total", "Prompt tokens served from the prefix cache.", s.prompt_tokens_cached as f64);
+        counter(&mut out, "blink_engine_generated_tokens_total", "Tokens the engine generated.", s.generated_tokens_total as f64);
+        counter(&mut out, "blink_engine_steps_total", "Engine steps.", s.steps_total as f64);
+        counter(&mut out, "blink_engine_step_seconds_total", "Wall time of engine steps.", s.step_seconds_total);
+        counter(&mut out, "blink_engine_compute_seconds_total", "Time of engine steps spent in the forward pass.", s.compute_seconds_total);
+        out
+    }
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+/// Read one unlabelled sample from a Prometheus text exposition.
+pub fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_counters_histograms_and_engine_gauges() {
+        let m = Metrics::default();
+        m.request("/v1/completions", 200);
+        m.request("/v1/completions", 200);
+        m.request("/v1/completions", 400);
+        m.add_tokens(10, 5);
+        m.ttft.observe(0.2);
+        m.itl.observe(0.02);
+        let stats = EngineStats { running: 3, step_seconds_total: 2.0, compute_seconds_total: 1.5, ..Default::default() };
+        let text = m.render(Some(&stats));
+        assert!(text.contains("blink_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2"), "{text}");
+        assert!(text.contains("blink_time_to_first_token_seconds_bucket{le=\"0.25\"} 1"), "{text}");
+        assert!(text.contains("blink_time_to_first_token_seconds_bucket{le=\"0.1\"} 0"), "{text}");
+        assert_eq!(sample(&text, "blink_generated_tokens_total"), Some(5.0));
+        assert_eq!(sample(&text, "blink_running_sequences"), Some(3.0));
+        assert_eq!(sample(&text, "blink_f_ctrl"), Some(0.25));
+        assert_eq!(sample(&text, "blink_time_to_first_token_seconds_count"), Some(1.0));
+        assert_eq!(sample(&m.render(None), "blink_model_loaded"), Some(0.0));
+    }
+}

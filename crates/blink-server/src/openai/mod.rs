@@ -1,0 +1,5 @@
+//! OpenAI's wire format: request parsing and validation, and response shapes.
+
+pub mod fields;
+pub mod request;
+pub mod response;

@@ -1,0 +1,102 @@
+//! The small endpoints: health, models, tokenize/detokenize, metrics and the chat page.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::json_response;
+use crate::body::read_json;
+use crate::error::ApiError;
+use crate::openai::fields::{wrong_type, Fields};
+use crate::state::{App, Ready};
+
+/// The web chat page.
+const INDEX_HTML: &str = include_str!("../web/index.html");
+
+pub async fn index() -> Html<&'static str> {
+    Html(INDEX_HTML)
+}
+
+/// 200 `{"status": "ok"}` once the model is loaded, 503 `{"status": "loading"}` before.
+pub async fn health(State(app): State<App>) -> Response {
+    match app.try_ready() {
+        Some(_) => json_response(&json!({"status": "ok"})).into_response(),
+        None => {
+            let mut r = json_response(&json!({"status": "loading"})).into_response();
+            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            r
+        }
+    }
+}
+
+fn model_entry(ready: &Ready) -> Value {
+    let cfg = ready.engine.config();
+    json!({
+        "id": ready.model_id,
+        "object": "model",
+        "created": ready.created,
+        "owned_by": "blink",
+        "meta": {
+            "n_ctx": cfg.max_seq_len,
+            "n_vocab": ready.tokenizer.vocab_size(),
+            "kv_tokens": cfg.kv_tokens,
+            "max_running": cfg.max_running,
+        },
+    })
+}
+
+pub async fn models(State(app): State<App>) -> Result<Response, ApiError> {
+    let ready = app.ready()?;
+    Ok(json_response(&json!({"object": "list", "data": [model_entry(&ready)]})).into_response())
+}
+
+pub async fn model(State(app): State<App>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let ready = app.ready()?;
+    ready.check_model(Some(&id))?;
+    Ok(json_response(&model_entry(&ready)).into_response())
+}
+
+/// `{"content": TEXT, "add_special": bool, "parse_special": bool}` → `{"tokens": [...]}`.
+pub async fn tokenize(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
+    let ready = app.ready()?;
+    let map = read_json(body, app.opts.max_body, app.opts.body_timeout).await?;
+    let f = Fields(&map);
+    let content = f.str("content")?.ok_or_else(|| ApiError::param("content", "content is required"))?;
+    let add_special = f.bool("add_special")?.unwrap_or(false);
+    let parse_special = f.bool("parse_special")?.unwrap_or(true);
+    let tokens = ready.tokenizer.encode(content, add_special, parse_special);
+    Ok(json_response(&json!({"tokens": tokens})).into_response())
+}
+
+/// `{"tokens": [...]}` → `{"content": TEXT}`.
+pub async fn detokenize(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
+    let ready = app.ready()?;
+    let map = read_json(body, app.opts.max_body, app.opts.body_timeout).await?;
+    let f = Fields(&map);
+    let items = match f.get("tokens") {
+        None => return Err(ApiError::param("tokens", "tokens is required")),
+        Some(Value::Array(items)) => items,
+        Some(other) => return Err(wrong_type("tokens", "an array of token ids", other)),
+    };
+    let vocab = ready.tokenizer.vocab_size();
+    let mut ids = Vec::with_capacity(items.len());
+    for v in items {
+        match v.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|&n| (n as usize) < vocab) {
+            Some(id) => ids.push(id),
+            None => return Err(ApiError::param("tokens", format!("tokens must be ids below the vocabulary size {vocab}, got {v}"))),
+        }
+    }
+    let content = ready.tokenizer.decode(&ids, false);
+    Ok(json_response(&json!({"content": content})).into_response())
+}
+
+/// Prometheus text exposition.
+pub async fn metrics(State(app): State<App>) -> Response {
+    let stats = app.try_ready().map(|r| r.engine.stats());
+    let text = app.metrics.render(stats.as_ref());
+    let mut r = Response::new(Body::from(text));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    r
+}

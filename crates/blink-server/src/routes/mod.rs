@@ -1,0 +1,98 @@
+//! The router: endpoints, the API-key check, and per-request metrics.
+
+mod chat;
+mod completions;
+mod misc;
+mod stream;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::state::App;
+
+/// Every endpoint.
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/", get(misc::index))
+        .route("/health", get(misc::health))
+        .route("/metrics", get(misc::metrics))
+        .route("/v1/models", get(misc::models))
+        .route("/v1/models/{id}", get(misc::model))
+        .route("/v1/chat/completions", post(chat::chat))
+        .route("/v1/completions", post(completions::completions))
+        .route("/tokenize", post(misc::tokenize))
+        .route("/detokenize", post(misc::detokenize))
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), guard))
+        .with_state(app)
+}
+
+async fn no_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::no_route(method.as_str(), uri.path())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+/// The metrics label of a path (unknown paths share one label).
+fn endpoint(path: &str) -> &'static str {
+    match path {
+        "/" => "/",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        "/v1/models" => "/v1/models",
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}",
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        "/tokenize" => "/tokenize",
+        "/detokenize" => "/detokenize",
+        _ => "other",
+    }
+}
+
+/// Check the API key (all but `/health` and the page need it) and count the request.
+async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
+    let label = endpoint(req.uri().path());
+    let open = matches!(label, "/health" | "/");
+    let resp = match &app.opts.api_key {
+        Some(key) if !open && !authorized(req.headers(), key) => ApiError::unauthorized().into_response(),
+        _ => next.run(req).await,
+    };
+    app.metrics.request(label, resp.status().as_u16());
+    resp
+}
+
+/// Whether `Authorization: Bearer KEY` carries `key` (compared in constant time).
+fn authorized(headers: &HeaderMap, key: &str) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+    else {
+        return false;
+    };
+    let (a, b) = (given.trim().as_bytes(), key.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON response.
+pub(crate) fn json_response(v: &Value) -> Response {
+    let mut r = Response::new(axum::body::Body::from(v.to_string()));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,202 @@
+//! What the handlers share: options, metrics, and — once loaded — the model, its tokenizer
+//! and template, and the engine.
+//!
+//! The server answers before the model is loaded (`/health` says 503 "loading"), so the
+//! loaded part sits in a `OnceLock` that is set exactly once.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use blink_engine::serve::{Engine, EngineConfig};
+use blink_gguf::GgufFile;
+use blink_model::{ChatMessage, ChatTemplate, KvType, Model, Placement, Tokenizer};
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// HTTP-side options.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Required as `Authorization: Bearer KEY` on every endpoint but `/health` and `/`.
+    pub api_key: Option<String>,
+    /// Largest request body, in bytes.
+    pub max_body: usize,
+    /// Time allowed for a request's headers to arrive.
+    pub header_timeout: Duration,
+    /// Time allowed for a request's body to arrive.
+    pub body_timeout: Duration,
+    /// Time in-flight requests get to finish on shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            api_key: None,
+            max_body: 4 << 20,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The model and how to serve it.
+#[derive(Clone, Debug)]
+pub struct ModelOptions {
+    pub path: PathBuf,
+    /// Compute threads (0: all available CPUs).
+    pub threads: usize,
+    /// Longest sequence one request may have (default: the model's context, at most 4096).
+    pub ctx_size: Option<usize>,
+    /// KV cache tokens over all sequences (default: `parallel` × the context size, so every
+    /// running request can reserve a full context; unused cache costs no memory).
+    pub kv_budget: Option<usize>,
+    /// Most sequences running at once.
+    pub parallel: usize,
+    /// Most requests waiting for admission.
+    pub queue: usize,
+    /// Prompt tokens evaluated per engine step.
+    pub step_tokens: usize,
+    pub kv_type: KvType,
+    pub prefix_cache: bool,
+    /// Flat or tensor parallel over NUMA nodes (`None`: flat over `threads`).
+    pub placement: Option<Placement>,
+}
+
+impl ModelOptions {
+    /// Defaults for the model at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> ModelOptions {
+        ModelOptions {
+            path: path.into(),
+            threads: 0,
+            ctx_size: None,
+            kv_budget: None,
+            parallel: 16,
+            queue: 64,
+            step_tokens: 256,
+            kv_type: KvType::F16,
+            prefix_cache: true,
+            placement: None,
+        }
+    }
+}
+
+/// A loaded model being served.
+pub struct Ready {
+    pub engine: Engine,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    /// The id `/v1/models` reports: the file name without `.gguf`.
+    pub model_id: String,
+    /// Other names accepted in the `model` field (the file name, `general.name`).
+    pub aliases: Vec<String>,
+    /// Unix time the model was loaded.
+    pub created: u64,
+    /// Longest sequence (prompt + generated) per request.
+    pub max_seq_len: usize,
+}
+
+impl Ready {
+    /// Load the model, tokenizer and template and start the engine. Blocks (run it off the
+    /// async runtime).
+    pub fn load(opts: &ModelOptions) -> Result<Ready, String> {
+        let path = &opts.path;
+        let with_path = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+        let file = Arc::new(GgufFile::open(path).map_err(|e| with_path(&e))?);
+        let threads = if opts.threads > 0 { opts.threads } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
+        let placement = opts.placement.clone().unwrap_or_else(|| Placement::flat(threads));
+        let model = Model::from_gguf_placed(file.clone(), &placement).map_err(|e| with_path(&e))?;
+        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| with_path(&e))?;
+        let template = ChatTemplate::from_gguf(&file).map_err(|e| with_path(&e))?;
+
+        let ctx = opts.ctx_size.filter(|&c| c > 0).unwrap_or(model.cfg.n_ctx_train.min(4096));
+        let kv_tokens = opts.kv_budget.filter(|&k| k > 0).unwrap_or(ctx.saturating_mul(opts.parallel.max(1)));
+        if kv_tokens < ctx {
+            return Err(format!("--kv-budget ({kv_tokens} tokens) must be at least --ctx-size ({ctx} tokens)"));
+        }
+        if opts.parallel == 0 || opts.step_tokens == 0 {
+            return Err("--parallel and --step-tokens must be at least 1".into());
+        }
+        let cfg = EngineConfig {
+            n_threads: placement.n_threads(),
+            kv_tokens,
+            max_seq_len: ctx,
+            step_tokens: opts.step_tokens,
+            max_running: opts.parallel,
+            max_queue: opts.queue,
+            kv_type: opts.kv_type,
+            prefix_cache: opts.prefix_cache,
+        };
+
+        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let model_id = file_name.strip_suffix(".gguf").unwrap_or(&file_name).to_owned();
+        let mut aliases = vec![file_name.clone()];
+        if let Ok(Some(name)) = file.opt_str("general.name") {
+            aliases.push(name.to_owned());
+        }
+        let eog = tokenizer.eog_ids().to_vec();
+        let engine = Engine::start(Arc::new(model), eog, cfg);
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Ok(Ready { engine, tokenizer, template, model_id, aliases, created, max_seq_len: ctx })
+    }
+
+    /// 404 unless `name` is absent, empty, or one of this model's names.
+    pub fn check_model(&self, name: Option<&str>) -> Result<(), ApiError> {
+        match name {
+            None | Some("") => Ok(()),
+            Some(n) if n == self.model_id || self.aliases.iter().any(|a| a == n) => Ok(()),
+            Some(n) => Err(ApiError::model_not_found(n, &self.model_id)),
+        }
+    }
+
+    /// Render `messages` with the chat template and tokenize the result, stripping a leading
+    /// BOS text when the tokenizer adds BOS itself (as `blink run` and llama.cpp do).
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("this model has no chat template; use /v1/completions"))?;
+        let rendered = template.render(messages, true).map_err(|e| ApiError::param("messages", e.to_string()))?;
+        let tok = &self.tokenizer;
+        let mut text = rendered.as_str();
+        if tok.add_bos() {
+            if let Some(bos) = tok.bos().and_then(|b| tok.token_text(b)) {
+                text = text.strip_prefix(bos).unwrap_or(text);
+            }
+        }
+        Ok(tok.encode(text, true, true))
+    }
+}
+
+/// State shared by all handlers.
+pub struct AppState {
+    pub opts: ServerOptions,
+    pub metrics: Metrics,
+    ready: OnceLock<Arc<Ready>>,
+}
+
+/// The handle handlers receive.
+pub type App = Arc<AppState>;
+
+impl AppState {
+    pub fn new(opts: ServerOptions) -> AppState {
+        AppState { opts, metrics: Metrics::default(), ready: OnceLock::new() }
+    }
+
+    /// The loaded model, or 503 while it loads.
+    pub fn ready(&self) -> Result<Arc<Ready>, ApiError> {
+        self.ready.get().cloned().ok_or_else(ApiError::loading)
+    }
+
+    /// The loaded model, if any.
+    pub fn try_ready(&self) -> Option<&Arc<Ready>> {
+        self.ready.get()
+    }
+
+    /// Publish the loaded model; a second call is ignored.
+    pub fn set_ready(&self, ready: Ready) {
+        let _ = self.ready.set(Arc::new(ready));
+    }
+}

@@ -1,0 +1,207 @@
+//! `blink bench-serve`: load-test an OpenAI-compatible server with concurrent streaming clients.
+//!
+//! With `--url` it drives a running server; without, it starts `blink serve` in-process on a
+//! free loopback port with the given model and engine flags. For each `--concurrency` level
+//! it sends `--requests` streaming chat completions over a fixed set of prompts (greedy,
+//! `ignore_eos` so every request generates exactly `--max-tokens`), `C` at a time, and
+//! reports requests/s, output tokens/s, time to first token and time per output token
+//! (p50/p99, measured by the client), and the engine's f_ctrl over the run (from /metrics:
+//! the share of engine step time not spent in the forward pass).
+
+use std::time::Instant;
+
+use blink_server::client::Client;
+use blink_server::metrics::sample;
+use blink_server::{Server, ServerOptions};
+use serde_json::{json, Value};
+
+use crate::cmd::serve::EngineArgs;
+use crate::common::{CliResult, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A running server (http://HOST:PORT); default: start one in-process.
+    #[arg(long)]
+    url: Option<String>,
+    /// API key to send.
+    #[arg(long = "api-key")]
+    api_key: Option<String>,
+    /// Concurrent clients to test (comma-separated).
+    #[arg(long = "concurrency", value_delimiter = ',', default_value = "1,4,16")]
+    concurrency: Vec<usize>,
+    /// Requests per concurrency level (default: 4 × the concurrency, at least 8).
+    #[arg(short = 'n', long = "requests")]
+    requests: Option<usize>,
+    /// Tokens generated per request.
+    #[arg(long = "max-tokens", default_value_t = 64)]
+    max_tokens: usize,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// The prompt set: short questions and a few long instructions.
+const PROMPTS: [&str; 8] = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis to a ten-year-old, step by step, covering light, water, carbon dioxide and sugar, and why plants need each of them.",
+    "List five prime numbers.",
+    "Summarise the plot of a story in which a young inventor builds a flying machine from scrap metal, crashes it twice, learns from an old pilot how wings really work, and finally flies across the valley to bring medicine to a sick friend.",
+    "Say hello.",
+    "Describe how a bicycle gear system works and when a rider should change gears on hills, on flat roads and in strong wind.",
+    "Give me three tips for learning a new language.",
+];
+
+/// What one request measured.
+struct Sample {
+    ttft: f64,
+    tpot: Option<f64>,
+    tokens: usize,
+}
+
+pub fn main(args: Args) -> CliResult {
+    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+        return Err("--concurrency needs positive numbers".into());
+    }
+    if args.max_tokens == 0 {
+        return Err("--max-tokens must be at least 1".into());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> CliResult {
+    let (client, server) = match &args.url {
+        Some(url) => (Client::new(url)?.with_api_key(args.api_key.clone()), None),
+        None => {
+            args.engine.kernel.apply()?;
+            let path = args.model.path()?;
+            let server = Server::start("127.0.0.1:0", ServerOptions::default(), args.engine.options(path)?).await?;
+            let url = format!("http://{}", server.addr());
+            eprintln!("blink bench-serve: started a server at {url}");
+            (Client::new(&url)?, Some(server))
+        }
+    };
+    let health = client.get("/health").await?;
+    if health.status != 200 {
+        return Err(format!("the server is not ready: /health answered {}", health.status).into());
+    }
+    println!(
+        "| {:>11} | {:>8} | {:>7} | {:>10} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} |",
+        "concurrency", "requests", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "f_ctrl"
+    );
+    println!("|{:-<13}|{:->10}|{:->9}|{:->12}|{:->11}|{:->11}|{:->11}|{:->11}|{:->8}|", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+    for &c in &args.concurrency {
+        let n = args.requests.unwrap_or((4 * c).max(8));
+        let before = engine_seconds(&client).await;
+        let t0 = Instant::now();
+        let samples = level(&client, c, n, args.max_tokens).await?;
+        let wall = t0.elapsed().as_secs_f64();
+        let after = engine_seconds(&client).await;
+        let f_ctrl = match (before, after) {
+            (Some((s0, c0)), Some((s1, c1))) if s1 > s0 => format!("{:.3}", 1.0 - (c1 - c0) / (s1 - s0)),
+            _ => "n/a".into(),
+        };
+        let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+        let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft).collect();
+        let mut tpot: Vec<f64> = samples.iter().filter_map(|s| s.tpot).collect();
+        println!(
+            "| {:>11} | {:>8} | {:>7.2} | {:>10.1} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} |",
+            c,
+            n,
+            n as f64 / wall,
+            tokens as f64 / wall,
+            ms(percentile(&mut ttft, 0.50)),
+            ms(percentile(&mut ttft, 0.99)),
+            ms(percentile(&mut tpot, 0.50)),
+            ms(percentile(&mut tpot, 0.99)),
+            f_ctrl
+        );
+    }
+    if let Some(server) = server {
+        server.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Run `n` requests, `c` at a time.
+async fn level(client: &Client, c: usize, n: usize, max_tokens: usize) -> Result<Vec<Sample>, String> {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = Vec::with_capacity(c);
+    for _ in 0..c {
+        let (client, next) = (client.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<_, String>(out);
+                }
+                out.push(one(&client, PROMPTS[i % PROMPTS.len()], max_tokens).await?);
+            }
+        }));
+    }
+    let mut all = Vec::with_capacity(n);
+    for w in workers {
+        all.extend(w.await.map_err(|e| format!("a client task failed: {e}"))??);
+    }
+    Ok(all)
+}
+
+/// One streaming chat completion, timed.
+async fn one(client: &Client, prompt: &str, max_tokens: usize) -> Result<Sample, String> {
+    let body = json!({
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let start = Instant::now();
+    let mut stream = client.stream("/v1/chat/completions", &body).await?;
+    let (mut first, mut last, mut tokens) = (None, None, 0);
+    while let Some(data) = stream.next_event().await? {
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(&data).map_err(|e| format!("bad event ({e}): {data}"))?;
+        if let Some(err) = v.get("error") {
+            return Err(format!("the server reported an error: {err}"));
+        }
+        let content = v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
+        if !content.is_empty() {
+            let now = start.elapsed();
+            first.get_or_insert(now);
+            last = Some(now);
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            tokens = n as usize;
+        }
+    }
+    let first = first.unwrap_or_else(|| start.elapsed());
+    let last = last.unwrap_or(first);
+    let tpot = (tokens > 1).then(|| (last - first).as_secs_f64() / (tokens - 1) as f64);
+    Ok(Sample { ttft: first.as_secs_f64(), tpot, tokens })
+}
+
+/// The engine's cumulative step and compute seconds, from /metrics.
+async fn engine_seconds(client: &Client) -> Option<(f64, f64)> {
+    let text = client.get("/metrics").await.ok()?.text();
+    Some((sample(&text, "blink_engine_step_seconds_total")?, sample(&text, "blink_engine_compute_seconds_total")?))
+}
+
+fn percentile(v: &mut [f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    Some(v[i.min(v.len() - 1)])
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".into(), |s| format!("{:.1} ms", s * 1e3))
+}
+

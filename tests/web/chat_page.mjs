@@ -1,0 +1,84 @@
+// The chat page of `blink serve` in headless Chromium: load it, send a message, see the
+// reply stream in, stop it, send another with the conversation kept.
+//
+// Usage: node chat_page.mjs URL [SCREENSHOT.png]
+// Chromium: $CHROMIUM, else /usr/bin/chromium (Debian's package).
+import { chromium } from "playwright-core";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const [url, screenshot] = process.argv.slice(2);
+if (!url) {
+  console.error("usage: node chat_page.mjs URL [SCREENSHOT.png]");
+  process.exit(2);
+}
+const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
+const profile = mkdtempSync(join(tmpdir(), "blink-chromium-"));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath,
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"],
+});
+const fail = async (msg) => {
+  console.log(`FAIL ${msg}`);
+  console.log("web chat page: 0 passed, 1 failed");
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+  process.exit(1);
+};
+
+try {
+  const page = await context.newPage();
+  page.setDefaultTimeout(120_000);
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  const chatBodies = [];
+  page.on("request", (r) => {
+    if (r.url().endsWith("/v1/chat/completions")) chatBodies.push(JSON.parse(r.postData() || "{}"));
+  });
+
+  await page.goto(url);
+  await page.waitForFunction(() => document.getElementById("model").textContent.trim() !== "connecting…");
+  const model = (await page.textContent("#model")).trim();
+  if (!model.includes("SmolLM2")) await fail(`the header shows '${model}', not the served model`);
+
+  // 1. A long answer: text must appear while the reply is still streaming; then stop it.
+  await page.fill("#input", "Write a long story about a dragon and a knight.");
+  await page.press("#input", "Enter");
+  await page.waitForFunction(() => {
+    const m = document.querySelector(".msg.assistant");
+    return m && m.classList.contains("streaming") && m.textContent.length > 20;
+  });
+  const partial = await page.textContent(".msg.assistant");
+  await page.click("#send"); // "Stop" while busy
+  await page.waitForSelector(".msg.assistant[data-done='1']");
+  const first = await page.textContent(".msg.assistant");
+  if (!first.startsWith(partial)) await fail("the reply changed instead of growing");
+
+  // 2. A short second turn with the conversation kept.
+  await page.click("#toggle-settings");
+  await page.fill("#max-tokens", "16");
+  await page.dispatchEvent("#max-tokens", "change");
+  await page.fill("#input", "Thanks! Now just say hello.");
+  await page.click("#send");
+  await page.waitForFunction(() => document.querySelectorAll(".msg.assistant[data-done='1']").length === 2);
+  const replies = await page.$$eval(".msg.assistant", (els) => els.map((e) => e.textContent));
+  if (!replies[1]) await fail("the second reply is empty");
+  if ((await page.$$(".msg.error")).length) await fail(`an error was shown: ${await page.textContent(".msg.error")}`);
+  const last = chatBodies[chatBodies.length - 1];
+  const roles = (last.messages || []).map((m) => m.role).join(",");
+  if (roles !== "user,assistant,user" || last.messages[1].content !== first || !last.stream || last.max_tokens !== 16) {
+    await fail(`the second request did not carry the conversation: ${JSON.stringify(last)}`);
+  }
+  await page.waitForSelector(".stats"); // usage from the stream's last chunk
+  if (errors.length) await fail(`page errors: ${errors.join("; ")}`);
+  if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
+  console.log(`PASS chat page (${model}): streamed ${first.length} chars, then '${replies[1].slice(0, 40)}'`);
+  console.log("web chat page: 1 passed, 0 failed");
+} catch (e) {
+  await fail(String(e && e.stack || e));
+}
+await context.close();
+rmSync(profile, { recursive: true, force: true });
