@@ -67,12 +67,18 @@ pub struct Part {
     pub ff_rows: Range<usize>,
     /// Rows of the embedding table and of the LM head.
     pub vocab_rows: Range<usize>,
+    /// For each held key/value head: (head, this part's rank among its holders, holders).
+    /// A head held by two parts has its attention work dealt between them.
+    pub kv_groups: Vec<(usize, usize, usize)>,
 }
 
 /// The parts of a model for a placement.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub parts: Vec<Part>,
+    /// Whether some key/value head is held by more than one part (their query vectors
+    /// are then exchanged before attention).
+    pub shares_kv: bool,
 }
 
 impl Plan {
@@ -91,10 +97,25 @@ impl Plan {
                 } else {
                     q_heads.start / group..(q_heads.end - 1) / group + 1
                 };
-                Part { q_heads, kv_heads, embd_rows: embd[i].clone(), ff_rows: ff[i].clone(), vocab_rows: vocab[i].clone() }
+                Part { q_heads, kv_heads, embd_rows: embd[i].clone(), ff_rows: ff[i].clone(), vocab_rows: vocab[i].clone(), kv_groups: Vec::new() }
             })
-            .collect();
-        Plan { parts }
+            .collect::<Vec<Part>>();
+        let mut parts = parts;
+        let holders = |g: usize, parts: &[Part]| parts.iter().enumerate().filter(|(_, p)| p.kv_heads.contains(&g)).map(|(i, _)| i).collect::<Vec<_>>();
+        let mut shares_kv = false;
+        for i in 0..parts.len() {
+            let groups = parts[i]
+                .kv_heads
+                .clone()
+                .map(|g| {
+                    let h = holders(g, &parts);
+                    shares_kv |= h.len() > 1;
+                    (g, h.iter().position(|&p| p == i).expect("a part holds its own heads"), h.len())
+                })
+                .collect();
+            parts[i].kv_groups = groups;
+        }
+        Plan { parts, shares_kv }
     }
 }
 

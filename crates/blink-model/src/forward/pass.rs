@@ -233,7 +233,13 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             let (qc, kc) = (me.part.q_heads.start * hd, me.part.kv_heads.start * hd);
             self.project(w, me, &me.xn, cfg.n_embd, n, &[(&lw.wq, &me.q, qc, Write::Set), (&lw.wk, &me.k, kc, Write::Set), (&lw.wv, &me.v, kc, Write::Set)]);
             self.qkv_post(w, me, l, lw);
-            w.group_barrier();
+            if self.model.plan.shares_kv {
+                w.group_barrier();
+                self.share_queries(w, me);
+                w.global_barrier();
+            } else {
+                w.group_barrier();
+            }
             self.attention(w, me, l);
             w.global_barrier();
             // Output projection: the part's rows of the residual stream, then everyone's copy.
@@ -400,22 +406,48 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         }
     }
 
-    /// Causal attention of every (row, head of this part) over its sequence's cached
-    /// positions, block by block (see `blink_kernels::attention` for the numerics); the
-    /// result goes into every part's `attn`.
+    /// Copy the query vectors of this part's heads whose key/value head another part also
+    /// holds into that part's `q`, so either can attend for them.
+    fn share_queries(&self, w: &NodeWorker, me: &PartView<T>) {
+        let cfg = &self.model.cfg;
+        let (hd, group) = (cfg.head_dim, cfg.n_head / cfg.n_head_kv);
+        for &(g, _, holders) in &me.part.kv_groups {
+            if holders < 2 {
+                continue;
+            }
+            let heads = (g * group).max(me.part.q_heads.start)..((g + 1) * group).min(me.part.q_heads.end);
+            let cols = heads.start * hd..heads.end * hd;
+            for r in w.share(self.rows.len(), 1) {
+                // SAFETY: this part alone computed these heads; its threads split the rows;
+                // the other holders do not touch them until the next global barrier.
+                unsafe {
+                    let src = me.q.cols(r, cols.clone());
+                    for other in self.others(w.node).filter(|o| o.part.kv_heads.contains(&g)) {
+                        other.q.cols_mut(r, cols.clone()).copy_from_slice(src);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Causal attention over its sequence's cached positions, block by block (see
+    /// `blink_kernels::attention` for the numerics), of every (row, query head) whose
+    /// key/value head this part holds; items of a head held by several parts are dealt
+    /// between them. The result goes into every part's `attn`.
     fn attention(&self, w: &NodeWorker, me: &PartView<T>, layer: usize) {
         let cfg = &self.model.cfg;
         let hd = cfg.head_dim;
         let group = cfg.n_head / cfg.n_head_kv;
         let scale = 1.0 / (hd as f32).sqrt();
-        let heads = me.part.q_heads.clone();
         // SAFETY: per-thread scratch row.
         let qh = unsafe { me.qh.row_mut(w.tid_in_node) };
-        // Items are dealt round-robin: a row's cost grows with its position, so contiguous
-        // shares would leave the thread with the latest rows doing most of the work.
-        let items = self.rows.len() * heads.len();
-        for item in (w.tid_in_node..items).step_by(w.threads_in_node) {
-            let (r, h) = (item / heads.len(), heads.start + item % heads.len());
+        // Items are dealt round-robin, between holders and then between the node's threads:
+        // a row's cost grows with its position, so contiguous shares would leave the thread
+        // with the latest rows doing most of the work.
+        let items = me.part.kv_groups.iter().flat_map(|&(g, rank, holders)| {
+            (rank..self.rows.len() * group).step_by(holders).map(move |k| (k / group, g * group + k % group))
+        });
+        for (r, h) in items.skip(w.tid_in_node).step_by(w.threads_in_node) {
             let row = self.rows[r];
             let kvh = h / group - me.part.kv_heads.start;
             let table = self.tables.get(row.seq);
