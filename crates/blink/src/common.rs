@@ -234,3 +234,21 @@ pub fn rate(tokens: usize, time: std::time::Duration) -> String {
     let tps = if ms > 0.0 { tokens as f64 * 1e3 / ms } else { 0.0 };
     format!("{tokens} tokens in {ms:.1} ms ({tps:.1} tok/s)")
 }
+
+/// The tokio runtime for HTTP and clients. Its threads run at a lower scheduling priority
+/// than the compute threads, so on a machine where they share cores, request parsing,
+/// detokenization and SSE writing wait for a barrier instead of stalling a forward pass.
+pub fn io_runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(name)
+        .on_thread_start(|| {
+            #[cfg(target_os = "linux")]
+            // SAFETY: plain syscalls on the calling thread; failure leaves the priority as is.
+            unsafe {
+                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+            }
+        })
+        .build()
+}

@@ -67,7 +67,7 @@ pub fn main(args: Args) -> CliResult {
     if args.max_tokens == 0 {
         return Err("--max-tokens must be at least 1".into());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = crate::common::io_runtime("blink-bench-serve")?;
     runtime.block_on(run(args))
 }
 

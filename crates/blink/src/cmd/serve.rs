@@ -106,7 +106,7 @@ pub fn main(args: Args) -> CliResult {
         body_timeout: seconds("body-timeout", args.body_timeout)?,
         ..ServerOptions::default()
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("blink-http").build()?;
+    let runtime = crate::common::io_runtime("blink-http")?;
     runtime.block_on(serve(args, opts))
 }
 
