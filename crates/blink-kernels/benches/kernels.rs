@@ -46,7 +46,7 @@ fn bench_gemm(c: &mut Criterion) {
         quantize_weights(ty, &values(ROWS * cols, 1), &mut w).unwrap();
         let act_ty = vec_dot_type(ty);
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
-        for n_act in [1usize, 64] {
+        for n_act in [1usize, 16, 64] {
             let mut act = vec![0u8; n_act * stride];
             let x = values(n_act * cols, 2);
             for r in 0..n_act {
