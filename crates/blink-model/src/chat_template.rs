@@ -147,6 +147,13 @@ impl ChatTemplate {
         &self.eos_token
     }
 
+    /// The prompt for a reply to `messages`: rendered with the generation prompt and
+    /// tokenized as llama.cpp's server does (special tokens parsed, BOS added as the
+    /// tokenizer asks; `render` already dropped a BOS text the template wrote itself).
+    pub fn prompt_tokens(&self, tok: &crate::tokenizer::Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>, TemplateError> {
+        Ok(tok.encode(&self.render(messages, true)?, true, true))
+    }
+
     /// Renders `messages`; `add_generation_prompt` appends the opening of the assistant's turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
         let tmpl = self.env.get_template(NAME).map_err(|e| TemplateError::Render(describe(&e)))?;

@@ -158,15 +158,7 @@ impl Ready {
             .template
             .as_ref()
             .ok_or_else(|| ApiError::invalid("this model has no chat template; use /v1/completions"))?;
-        let rendered = template.render(messages, true).map_err(|e| ApiError::param("messages", e.to_string()))?;
-        let tok = &self.tokenizer;
-        let mut text = rendered.as_str();
-        if tok.add_bos() {
-            if let Some(bos) = tok.bos().and_then(|b| tok.token_text(b)) {
-                text = text.strip_prefix(bos).unwrap_or(text);
-            }
-        }
-        Ok(tok.encode(text, true, true))
+        template.prompt_tokens(&self.tokenizer, messages).map_err(|e| ApiError::param("messages", e.to_string()))
     }
 }
 

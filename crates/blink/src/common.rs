@@ -207,8 +207,7 @@ impl SamplingArgs {
     }
 }
 
-/// Render `messages` with the model's chat template and tokenize the result, stripping a
-/// leading BOS text when the tokenizer adds BOS itself (as llama.cpp does).
+/// The prompt for a reply to `messages`, with the model's chat template.
 pub fn chat_prompt(
     loaded: &Loaded,
     messages: &[blink_model::chat_template::ChatMessage],
@@ -217,15 +216,7 @@ pub fn chat_prompt(
         .template
         .as_ref()
         .ok_or("this model has no chat template; use --raw")?;
-    let rendered = template.render(messages, true)?;
-    let tok = &loaded.tokenizer;
-    let mut text = rendered.as_str();
-    if tok.add_bos() {
-        if let Some(bos) = tok.bos().and_then(|b| tok.token_text(b)) {
-            text = text.strip_prefix(bos).unwrap_or(text);
-        }
-    }
-    Ok(tok.encode(text, true, true))
+    Ok(template.prompt_tokens(&loaded.tokenizer, messages)?)
 }
 
 /// Speed summary line for stderr.
