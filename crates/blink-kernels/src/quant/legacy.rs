@@ -49,17 +49,6 @@ fn pack4(q: &[u8; QK32]) -> [u8; HALF] {
     std::array::from_fn(|j| q[j] | (q[j + HALF] << 4))
 }
 
-/// `Σ q_w[j]·q_a[j]` over a block, where `q_w` comes from `weight(j)`.
-#[inline]
-fn int_dot(a: &[i8; QK32], weight: impl Fn(usize) -> (i32, i32)) -> i32 {
-    (0..HALF)
-        .map(|j| {
-            let (lo, hi) = weight(j);
-            lo * a[j] as i32 + hi * a[j + HALF] as i32
-        })
-        .sum()
-}
-
 /// The eight lane sums of a block: lane `l` is `Σ q_w[e]·q_a[e]` for `e` in `4l..4l+4`,
 /// where element `e`'s weight quant is `weight(e)`.
 #[inline]
@@ -128,14 +117,6 @@ impl QuantBlock for BlockQ4_0 {
         BlockQ4_0 { d, qs: pack4(&q) }
     }
 
-    fn dot(&self, act: &BlockQ8_0) -> f32 {
-        let sumi = int_dot(&act.qs, |j| {
-            let (lo, hi) = nibbles(self.qs[j]);
-            (lo - 8, hi - 8)
-        });
-        self.d.to_f32() * act.d.to_f32() * sumi as f32
-    }
-
     #[inline]
     fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
         let sums = int_lanes(&act.qs, |e| nibble_at(&self.qs, e) - 8);
@@ -162,11 +143,6 @@ impl QuantBlock for BlockQ4_1 {
             m,
             qs: pack4(&q),
         }
-    }
-
-    fn dot(&self, act: &BlockQ8_1) -> f32 {
-        let sumi = int_dot(&act.qs, |j| nibbles(self.qs[j]));
-        self.d.to_f32() * act.d.to_f32() * sumi as f32 + self.m.to_f32() * act.s.to_f32()
     }
 
     #[inline]
@@ -196,15 +172,6 @@ impl QuantBlock for BlockQ5_0 {
         BlockQ5_0 { d, qh, qs }
     }
 
-    fn dot(&self, act: &BlockQ8_0) -> f32 {
-        let qh = u32::from_le_bytes(self.qh);
-        let sumi = int_dot(&act.qs, |j| {
-            let ((lo, hi), (hlo, hhi)) = (nibbles(self.qs[j]), high_bits(qh, j));
-            ((lo | hlo) - 16, (hi | hhi) - 16)
-        });
-        self.d.to_f32() * act.d.to_f32() * sumi as f32
-    }
-
     #[inline]
     fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
         let qh = u32::from_le_bytes(self.qh);
@@ -230,15 +197,6 @@ impl QuantBlock for BlockQ5_1 {
         let (d, m, q) = quantize_affine(x, 31);
         let (qs, qh) = pack5(&q);
         BlockQ5_1 { d, m, qh, qs }
-    }
-
-    fn dot(&self, act: &BlockQ8_1) -> f32 {
-        let qh = u32::from_le_bytes(self.qh);
-        let sumi = int_dot(&act.qs, |j| {
-            let ((lo, hi), (hlo, hhi)) = (nibbles(self.qs[j]), high_bits(qh, j));
-            (lo | hlo, hi | hhi)
-        });
-        self.d.to_f32() * act.d.to_f32() * sumi as f32 + self.m.to_f32() * act.s.to_f32()
     }
 
     #[inline]
@@ -268,16 +226,6 @@ impl QuantBlock for BlockQ8_0 {
             d: f16::from_f32(d),
             qs,
         }
-    }
-
-    fn dot(&self, act: &BlockQ8_0) -> f32 {
-        let sumi: i32 = self
-            .qs
-            .iter()
-            .zip(&act.qs)
-            .map(|(&w, &a)| w as i32 * a as i32)
-            .sum();
-        self.d.to_f32() * act.d.to_f32() * sumi as f32
     }
 
     #[inline]

@@ -17,11 +17,18 @@ pub trait QuantBlock: Block {
     /// nearest, no importance matrix). This is what `llama-quantize` writes into files.
     fn quantize_ref(x: &[f32]) -> Self;
 
-    /// This block's contribution to a dot product with one activation block.
-    fn dot(&self, act: &Self::Act) -> f32;
+    /// This block's contribution to a dot product with one activation block, on its own.
+    /// Formats that accumulate lane by lane define `accumulate` instead.
+    #[inline]
+    fn dot(&self, act: &Self::Act) -> f32 {
+        let mut acc = DotAcc::default();
+        self.accumulate(act, &mut acc);
+        acc.finish()
+    }
 
     /// Add this block's contribution into `acc`, in the order that defines Blink's numerics
-    /// (see [`DotAcc`]). By default the block's `dot` is added to the scalar tail.
+    /// (see [`DotAcc`]). By default the block's `dot` is added to the scalar tail. Every
+    /// format defines `dot` or `accumulate` (each default calls the other).
     #[inline]
     fn accumulate(&self, act: &Self::Act, acc: &mut DotAcc) {
         acc.tail += self.dot(act);
