@@ -15,5 +15,6 @@ pub mod math;
 mod neon;
 pub mod numa;
 pub mod ops;
+mod park;
 pub mod pool;
 pub mod quant;

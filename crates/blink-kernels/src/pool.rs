@@ -7,11 +7,10 @@
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// Spins before a waiting thread parks.
-const SPIN_LIMIT: u32 = 1 << 14;
+use crate::park::{Parking, SPINS};
 
 /// The view of the pool a running closure gets.
 pub struct Worker<'a> {
@@ -46,24 +45,16 @@ pub fn split_range(n: usize, align: usize, part: usize, parts: usize) -> std::op
     start..end
 }
 
-/// A sense-reversing spin-then-park barrier.
+/// A spin-then-park barrier (see `park`).
 struct Barrier {
     arrived: AtomicUsize,
     generation: AtomicUsize,
-    lock: Mutex<()>,
-    cond: Condvar,
-    sleepers: AtomicUsize,
+    parking: Parking,
 }
 
 impl Barrier {
     fn new() -> Self {
-        Barrier {
-            arrived: AtomicUsize::new(0),
-            generation: AtomicUsize::new(0),
-            lock: Mutex::new(()),
-            cond: Condvar::new(),
-            sleepers: AtomicUsize::new(0),
-        }
+        Barrier { arrived: AtomicUsize::new(0), generation: AtomicUsize::new(0), parking: Parking::new() }
     }
 
     fn wait(&self, n: usize) {
@@ -73,39 +64,11 @@ impl Barrier {
         let gen = self.generation.load(Ordering::Acquire);
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == n {
             self.arrived.store(0, Ordering::Relaxed);
-            // SeqCst pairs with the sleeper's increment-then-check: one of the two sides
-            // always sees the other, so a wake-up is never lost.
-            self.generation.fetch_add(1, Ordering::SeqCst);
-            if self.sleepers.load(Ordering::SeqCst) > 0 {
-                let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-                self.cond.notify_all();
-            }
+            self.parking.bump(&self.generation);
             return;
         }
-        wait_for_change(&self.generation, gen, &self.lock, &self.cond, &self.sleepers);
+        self.parking.wait_for_change(&self.generation, gen, SPINS);
     }
-}
-
-/// Spin, then park on `cond`, until `value` differs from `seen`.
-fn wait_for_change(
-    value: &AtomicUsize,
-    seen: usize,
-    lock: &Mutex<()>,
-    cond: &Condvar,
-    sleepers: &AtomicUsize,
-) {
-    for _ in 0..SPIN_LIMIT {
-        if value.load(Ordering::Acquire) != seen {
-            return;
-        }
-        std::hint::spin_loop();
-    }
-    let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
-    sleepers.fetch_add(1, Ordering::SeqCst);
-    while value.load(Ordering::SeqCst) == seen {
-        guard = cond.wait(guard).unwrap_or_else(|e| e.into_inner());
-    }
-    sleepers.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// The closure of the current run, type-erased. Valid only while `run` is on the stack.
@@ -120,9 +83,8 @@ struct Shared {
     job: UnsafeCell<Option<Job>>,
     shutdown: AtomicBool,
     barrier: Barrier,
-    lock: Mutex<()>,
-    cond: Condvar,
-    sleepers: AtomicUsize,
+    /// Where idle workers sleep between runs.
+    parking: Parking,
     /// Set when a worker's closure panicked; `run` re-raises it on the caller.
     panicked: AtomicBool,
 }
@@ -170,9 +132,7 @@ impl ThreadPool {
             job: UnsafeCell::new(None),
             shutdown: AtomicBool::new(false),
             barrier: Barrier::new(),
-            lock: Mutex::new(()),
-            cond: Condvar::new(),
-            sleepers: AtomicUsize::new(0),
+            parking: Parking::new(),
             panicked: AtomicBool::new(false),
         });
         let handles = (1..n_threads)
@@ -227,11 +187,7 @@ impl ThreadPool {
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(&Worker) + Sync), Job>(job) };
         unsafe { *shared.job.get() = Some(job) };
         shared.busy.store(shared.n_threads - 1, Ordering::Release);
-        shared.epoch.fetch_add(1, Ordering::SeqCst);
-        if shared.sleepers.load(Ordering::SeqCst) > 0 {
-            let _guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
-            shared.cond.notify_all();
-        }
+        shared.parking.bump(&shared.epoch);
 
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             f(&Worker { tid: 0, n_threads: shared.n_threads, barrier: &shared.barrier })
@@ -239,7 +195,7 @@ impl ThreadPool {
 
         let mut spins = 0u32;
         while shared.busy.load(Ordering::Acquire) != 0 {
-            if spins < SPIN_LIMIT {
+            if spins < SPINS {
                 spins += 1;
                 std::hint::spin_loop();
             } else {
@@ -259,7 +215,7 @@ impl ThreadPool {
 fn worker_loop(shared: &Shared, tid: usize) {
     let mut seen = 0usize;
     loop {
-        wait_for_change(&shared.epoch, seen, &shared.lock, &shared.cond, &shared.sleepers);
+        shared.parking.wait_for_change(&shared.epoch, seen, SPINS);
         seen = shared.epoch.load(Ordering::Acquire);
         if shared.shutdown.load(Ordering::Acquire) {
             return;
@@ -280,11 +236,7 @@ fn worker_loop(shared: &Shared, tid: usize) {
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
-        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
-        {
-            let _guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.shared.cond.notify_all();
-        }
+        self.shared.parking.bump(&self.shared.epoch);
         for h in self.handles.drain(..) {
             let _ = h.join();
         }

@@ -12,20 +12,18 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use crate::park::{Parking, SPINS};
 
 use super::topology::Topology;
 use super::NumaError;
 use crate::pool::{split_range, ThreadPool};
 
-/// Spins before a waiting thread parks, when every thread has a CPU of its own (as in
-/// [`crate::pool`]): a hand-off then takes well under a microsecond.
-const SPIN_LIMIT: u32 = 1 << 14;
-/// Spins before parking when threads outnumber the CPUs they may use (e.g. simulated nodes
+/// Spins before yielding when threads outnumber the CPUs they may use (e.g. simulated nodes
 /// on a small machine): spinning would only keep the awaited thread off its CPU.
-const SPIN_LIMIT_OVERSUBSCRIBED: u32 = 1 << 6;
+const SPINS_OVERSUBSCRIBED: u32 = 1 << 6;
 
-/// A spin-then-park barrier whose last arriver can do work before releasing the others.
+/// A spin-then-park barrier (see `park`) whose last arriver can do work before releasing
+/// the others.
 ///
 /// Aligned to two cache lines so the barriers of different nodes never share one.
 #[repr(align(128))]
@@ -33,21 +31,12 @@ struct Gate {
     arrived: AtomicUsize,
     generation: AtomicUsize,
     spins: u32,
-    lock: Mutex<()>,
-    cond: Condvar,
-    sleepers: AtomicUsize,
+    parking: Parking,
 }
 
 impl Gate {
     fn new(spins: u32) -> Gate {
-        Gate {
-            arrived: AtomicUsize::new(0),
-            generation: AtomicUsize::new(0),
-            spins,
-            lock: Mutex::new(()),
-            cond: Condvar::new(),
-            sleepers: AtomicUsize::new(0),
-        }
+        Gate { arrived: AtomicUsize::new(0), generation: AtomicUsize::new(0), spins, parking: Parking::new() }
     }
 
     /// Wait until `n` threads have arrived; the last one runs `last` first, while the
@@ -62,32 +51,10 @@ impl Gate {
         if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == n {
             self.arrived.store(0, Ordering::Relaxed);
             last();
-            self.generation.fetch_add(1, Ordering::SeqCst);
-            if self.sleepers.load(Ordering::SeqCst) > 0 {
-                let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-                self.cond.notify_all();
-            }
+            self.parking.bump(&self.generation);
             return;
         }
-        self.wait_for_change(generation);
-    }
-
-    /// Spin, then park, until the generation differs from `seen`.
-    fn wait_for_change(&self, seen: usize) {
-        for _ in 0..self.spins {
-            if self.generation.load(Ordering::Acquire) != seen {
-                return;
-            }
-            std::hint::spin_loop();
-        }
-        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
-        // SeqCst pairs with the releaser's bump and `sleepers` check: one of the two sees
-        // the other, so a wake-up is never lost.
-        while self.generation.load(Ordering::SeqCst) == seen {
-            guard = self.cond.wait(guard).unwrap_or_else(|e| e.into_inner());
-        }
-        self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        self.parking.wait_for_change(&self.generation, generation, self.spins);
     }
 }
 
@@ -191,7 +158,7 @@ impl NodePool {
         let cpus: Box<[Vec<usize>]> = nodes.iter().map(|n| n.cpus.clone()).collect();
         let oversubscribed = seats.len() > topology.n_cpus()
             || nodes.iter().zip(threads_per_node).any(|(node, &count)| count > node.cpus.len());
-        let spins = if oversubscribed { SPIN_LIMIT_OVERSUBSCRIBED } else { SPIN_LIMIT };
+        let spins = if oversubscribed { SPINS_OVERSUBSCRIBED } else { SPINS };
         let pool = {
             let (seats, cpus) = (&seats, &cpus);
             ThreadPool::with_affinity(seats.len(), |tid| seats.get(tid).map(|s| cpus[s.node].clone()))
