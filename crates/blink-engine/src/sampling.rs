@@ -227,15 +227,22 @@ fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<Candidate>) {
 
 /// Index of the largest value (the first one on ties); NaN never wins.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+    // Two passes the compiler vectorises: the maximum over sixteen lanes, then the first
+    // position holding it. NaNs never win, as in a scalar `v > best` scan.
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = if v > *m { v } else { *m };
         }
     }
-    best as u32
+    let best = rest.iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    if best == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&v| v == best).unwrap_or(0) as u32
 }
 
 /// Natural-log probabilities of `logits` (log-softmax, computed in f64).
@@ -248,6 +255,40 @@ pub fn log_softmax_at(logits: &[f32], token: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_is_the_first_best_of_a_scalar_scan() {
+        let scalar = |l: &[f32]| {
+            let (mut best, mut best_v) = (0, f32::NEG_INFINITY);
+            for (i, &v) in l.iter().enumerate() {
+                if v > best_v {
+                    (best, best_v) = (i, v);
+                }
+            }
+            best as u32
+        };
+        let mut s = 0x9e37_79b9u32;
+        for n in [1usize, 5, 16, 17, 33, 100, 49152] {
+            for round in 0..20 {
+                let l: Vec<f32> = (0..n)
+                    .map(|_| {
+                        s ^= s << 13;
+                        s ^= s >> 17;
+                        s ^= s << 5;
+                        match s % 97 {
+                            0 if round % 2 == 0 => f32::NAN,
+                            1 => f32::NEG_INFINITY,
+                            2 => 3.0, // ties: the first wins
+                            v => (v % 7) as f32 * 0.5 - 1.0,
+                        }
+                    })
+                    .collect();
+                assert_eq!(argmax(&l), scalar(&l), "n {n} round {round}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 0);
+        assert_eq!(argmax(&[]), 0);
+    }
 
     fn logits() -> Vec<f32> {
         vec![1.0, 5.0, 3.0, 4.9, -2.0, 0.5]
