@@ -4,11 +4,16 @@
 //! returns when all have finished. Inside, threads split work by their index and meet at
 //! `Worker::barrier`. Waiting spins briefly, then parks, so an idle pool costs nothing and
 //! a busy one hands off in well under a microsecond. Nothing is allocated per call.
+//!
+//! A *detached* pool ([`ThreadPool::detached`]) has a thread of its own for every index, so
+//! the caller is free while it computes: [`ThreadPool::run_beside`] starts the closure,
+//! runs other work on the calling thread, then waits (briefly spinning, then asleep).
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::park::{Parking, SPINS};
 
@@ -87,6 +92,14 @@ struct Shared {
     parking: Parking,
     /// Set when a worker's closure panicked; `run` re-raises it on the caller.
     panicked: AtomicBool,
+    /// Whether the caller of `run` is thread 0 (otherwise a pool thread is).
+    caller_works: bool,
+    /// Bumped when the last worker finishes a run, for a detached pool's caller to wake on.
+    finished: AtomicUsize,
+    finished_parking: Parking,
+    /// When the last worker finished the latest run, in nanoseconds after `started`.
+    finished_at: AtomicU64,
+    started: Instant,
 }
 
 // SAFETY: `job` is written only by the thread inside `run` before the epoch is published
@@ -124,6 +137,16 @@ impl ThreadPool {
 
     /// Like `new`, pinning thread `i` to the CPU set `cpus(i)` where the OS allows.
     pub fn with_affinity(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>) -> ThreadPool {
+        Self::build(n_threads, cpus, true)
+    }
+
+    /// A pool of `n_threads` threads of its own (the caller is not one of them), thread
+    /// `i` pinned to `cpus(i)` where the OS allows: for [`ThreadPool::run_beside`].
+    pub fn detached(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>) -> ThreadPool {
+        Self::build(n_threads, cpus, false)
+    }
+
+    fn build(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>, caller_works: bool) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             n_threads,
@@ -134,8 +157,14 @@ impl ThreadPool {
             barrier: Barrier::new(),
             parking: Parking::new(),
             panicked: AtomicBool::new(false),
+            caller_works,
+            finished: AtomicUsize::new(0),
+            finished_parking: Parking::new(),
+            finished_at: AtomicU64::new(0),
+            started: Instant::now(),
         });
-        let handles = (1..n_threads)
+        let first = usize::from(caller_works);
+        let handles = (first..n_threads)
             .map(|tid| {
                 let shared = Arc::clone(&shared);
                 let cpus = cpus(tid);
@@ -156,7 +185,7 @@ impl ThreadPool {
             handles,
             run_lock: Mutex::new(()),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            caller_cpus: cpus(0),
+            caller_cpus: if caller_works { cpus(0) } else { None },
         }
     }
 
@@ -169,6 +198,10 @@ impl ThreadPool {
     ///
     /// If any thread's closure panics, the panic is re-raised here after all threads finish.
     pub fn run<F: Fn(&Worker) + Sync>(&self, f: F) {
+        if !self.shared.caller_works {
+            self.run_beside(f, || ());
+            return;
+        }
         let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(cpus) = &self.caller_cpus {
             if PINNED_FOR.get() != self.id {
@@ -212,6 +245,54 @@ impl ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// Start `f` on every pool thread, run `beside` on the calling thread meanwhile, then
+    /// wait for the pool. Returns `beside`'s result and how long `f` took (from its start
+    /// until the last thread finished). On a pool whose caller is thread 0, `f` runs
+    /// after `beside`, on the caller too.
+    ///
+    /// If any thread's closure panics, the panic is re-raised here after all finish.
+    pub fn run_beside<F: Fn(&Worker) + Sync, R>(&self, f: F, beside: impl FnOnce() -> R) -> (R, Duration) {
+        let shared = &*self.shared;
+        if shared.caller_works {
+            let r = beside();
+            let start = Instant::now();
+            self.run(f);
+            return (r, start.elapsed());
+        }
+        let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let job: &(dyn Fn(&Worker) + Sync) = &f;
+        // SAFETY: as in `run`: workers dereference the job only until `busy` reaches zero,
+        // and this call does not return (or unwind) before that.
+        let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(&Worker) + Sync), Job>(job) };
+        unsafe { *shared.job.get() = Some(job) };
+        let finished = shared.finished.load(Ordering::Acquire);
+        shared.busy.store(shared.n_threads, Ordering::Release);
+        let start = Instant::now();
+        shared.parking.bump(&shared.epoch);
+
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(beside));
+
+        // A short spin, then sleep: this thread is not a compute thread, and spinning
+        // would take a CPU from one that is.
+        shared.finished_parking.wait_for_change(&shared.finished, finished, CALLER_SPINS);
+        let took = Duration::from_nanos(shared.finished_at.load(Ordering::Acquire))
+            .saturating_sub(start.duration_since(shared.started));
+        unsafe { *shared.job.get() = None };
+        let r = match result {
+            Ok(r) => r,
+            Err(payload) => std::panic::resume_unwind(payload),
+        };
+        if shared.panicked.swap(false, Ordering::AcqRel) {
+            panic!("a compute thread panicked");
+        }
+        (r, took)
+    }
+}
+
+/// Spins of a detached pool's caller before it sleeps.
+const CALLER_SPINS: u32 = 1 << 6;
+
 fn worker_loop(shared: &Shared, tid: usize) {
     let mut seen = 0usize;
     loop {
@@ -229,7 +310,11 @@ fn worker_loop(shared: &Shared, tid: usize) {
                 shared.panicked.store(true, Ordering::Release);
             }
         }
-        shared.busy.fetch_sub(1, Ordering::AcqRel);
+        if shared.busy.fetch_sub(1, Ordering::AcqRel) == 1 && !shared.caller_works {
+            let now = shared.started.elapsed().as_nanos() as u64;
+            shared.finished_at.store(now, Ordering::Release);
+            shared.finished_parking.bump(&shared.finished);
+        }
     }
 }
 
@@ -313,6 +398,37 @@ impl<'a, T> SharedMut<'a, T> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn a_detached_pool_computes_while_the_caller_works() {
+        let pool = ThreadPool::detached(3, |_| None);
+        let hits: Vec<AtomicU64> = (0..3).map(|_| AtomicU64::new(0)).collect();
+        let caller = std::thread::current().id();
+        for round in 0..500u64 {
+            let (beside, took) = pool.run_beside(
+                |w| {
+                    assert_ne!(std::thread::current().id(), caller, "the caller must not compute");
+                    hits[w.tid].fetch_add(1, Ordering::Relaxed);
+                    w.barrier();
+                },
+                || round * 2,
+            );
+            assert_eq!(beside, round * 2);
+            assert!(took < Duration::from_secs(10));
+        }
+        pool.run(|w| {
+            hits[w.tid].fetch_add(1, Ordering::Relaxed);
+        });
+        for h in &hits {
+            assert_eq!(h.load(Ordering::Relaxed), 501);
+        }
+        // A worker's panic reaches the caller, and the pool survives it.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run_beside(|w| assert!(w.tid != 1, "boom"), || ());
+        }));
+        assert!(r.is_err());
+        pool.run(|_| {});
+    }
 
     #[test]
     fn every_thread_runs_once_per_call() {

@@ -130,9 +130,20 @@ impl Model {
             .map_err(|e| ModelError::Placement(e.to_string()))
     }
 
-    /// A compute pool matching the model's placement (`threads` in all for a flat model).
+    /// A compute pool matching the model's placement (`threads` in all for a flat model);
+    /// the caller of its `run` is one of the threads.
     pub fn pool(&self, threads: usize) -> Result<blink_kernels::numa::NodePool, ModelError> {
+        self.build_pool(threads, false)
+    }
+
+    /// As [`Model::pool`], with threads of its own only, so that the caller can work while
+    /// a step computes ([`Model::forward_beside`]): for the serving engine.
+    pub fn detached_pool(&self, threads: usize) -> Result<blink_kernels::numa::NodePool, ModelError> {
+        self.build_pool(threads, true)
+    }
+
+    fn build_pool(&self, threads: usize, detached: bool) -> Result<blink_kernels::numa::NodePool, ModelError> {
         let placement = if self.placement.numa { self.placement.clone() } else { Placement::flat(threads) };
-        placement.pool().map_err(|e| ModelError::Placement(e.to_string()))
+        placement.pool(detached).map_err(|e| ModelError::Placement(e.to_string()))
     }
 }

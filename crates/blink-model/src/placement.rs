@@ -49,9 +49,14 @@ impl Placement {
         self.threads.iter().sum()
     }
 
-    /// The thread pool this placement runs on.
-    pub fn pool(&self) -> Result<NodePool, NumaError> {
-        NodePool::new(&self.topology, &self.threads)
+    /// The thread pool this placement runs on; with `detached`, the caller is not one of
+    /// its threads (see [`NodePool::detached`]).
+    pub fn pool(&self, detached: bool) -> Result<NodePool, NumaError> {
+        if detached {
+            NodePool::detached(&self.topology, &self.threads)
+        } else {
+            NodePool::new(&self.topology, &self.threads)
+        }
     }
 }
 

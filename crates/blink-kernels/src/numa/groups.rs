@@ -142,6 +142,16 @@ impl NodePool {
     /// `topology`, each pinned to that node's CPUs where the OS allows. The caller of
     /// [`NodePool::run`] is node 0's thread 0 and is not pinned: see [`NodePool::pin_caller`].
     pub fn new(topology: &Topology, threads_per_node: &[usize]) -> Result<NodePool, NumaError> {
+        Self::build(topology, threads_per_node, true)
+    }
+
+    /// Like [`NodePool::new`], but every thread is the pool's own (node 0's thread 0 too),
+    /// so the caller is free while it computes: see [`NodePool::run_beside`].
+    pub fn detached(topology: &Topology, threads_per_node: &[usize]) -> Result<NodePool, NumaError> {
+        Self::build(topology, threads_per_node, false)
+    }
+
+    fn build(topology: &Topology, threads_per_node: &[usize], caller_works: bool) -> Result<NodePool, NumaError> {
         let nodes = topology.nodes();
         if threads_per_node.len() != nodes.len() {
             return Err(NumaError::ThreadCount { got: threads_per_node.len(), expected: nodes.len() });
@@ -161,7 +171,12 @@ impl NodePool {
         let spins = if oversubscribed { SPINS_OVERSUBSCRIBED } else { SPINS };
         let pool = {
             let (seats, cpus) = (&seats, &cpus);
-            ThreadPool::with_affinity(seats.len(), |tid| seats.get(tid).map(|s| cpus[s.node].clone()))
+            let cpus_of = |tid: usize| seats.get(tid).map(|s| cpus[s.node].clone());
+            if caller_works {
+                ThreadPool::with_affinity(seats.len(), cpus_of)
+            } else {
+                ThreadPool::detached(seats.len(), cpus_of)
+            }
         };
         Ok(NodePool {
             pool,
@@ -226,20 +241,29 @@ impl NodePool {
     ///
     /// Every thread of a node must pass the same sequence of group and global barriers.
     pub fn run<F: Fn(&NodeWorker) + Sync>(&self, f: F) {
-        let n_nodes = self.sizes.len();
-        self.pool.run(|w| {
-            let Seat { node, tid_in_node } = self.seats[w.tid];
-            f(&NodeWorker {
-                node,
-                tid_in_node,
-                threads_in_node: self.sizes[node],
-                n_nodes,
-                global_tid: w.tid,
-                n_threads: w.n_threads,
-                group: &self.groups[node],
-                top: &self.top,
-            })
-        });
+        self.pool.run(|w| f(&self.seat(w)));
+    }
+
+    /// Start `f` on every thread, run `beside` on the calling thread meanwhile, and wait;
+    /// see [`ThreadPool::run_beside`]. Returns `beside`'s result and how long `f` took.
+    pub fn run_beside<F: Fn(&NodeWorker) + Sync, R>(&self, f: F, beside: impl FnOnce() -> R) -> (R, std::time::Duration) {
+        self.pool.run_beside(|w| f(&self.seat(w)), beside)
+    }
+
+    /// The node-level view of pool thread `w`.
+    #[inline]
+    fn seat<'a>(&'a self, w: &crate::pool::Worker) -> NodeWorker<'a> {
+        let Seat { node, tid_in_node } = self.seats[w.tid];
+        NodeWorker {
+            node,
+            tid_in_node,
+            threads_in_node: self.sizes[node],
+            n_nodes: self.sizes.len(),
+            global_tid: w.tid,
+            n_threads: w.n_threads,
+            group: &self.groups[node],
+            top: &self.top,
+        }
     }
 }
 

@@ -14,7 +14,9 @@ mod scratch;
 use blink_kernels::numa::NodePool;
 use thiserror::Error;
 
-use crate::kv_cache::{KvCache, KvError, KvType, SeqId};
+use std::time::Duration;
+
+use crate::kv_cache::{KvBlocks, KvCache, KvError, KvType, SeqId};
 use crate::Model;
 
 pub use scratch::Scratch;
@@ -60,31 +62,50 @@ impl Model {
         rows: &[StepRow],
         scratch: &mut Scratch,
     ) -> Result<(), ForwardError> {
+        self.forward_beside(pool, kv, rows, scratch, |_| ()).map(|_| ())
+    }
+
+    /// Run one step as [`Model::forward`] does, and meanwhile run `beside` on the calling
+    /// thread with the cache's bookkeeping: it may admit, grow or release sequences that
+    /// are not in this step (the pass reads the block tables as they were when the step
+    /// started). On a detached pool ([`NodePool::detached`]) the two overlap; otherwise
+    /// `beside` runs first. Returns its result and the pass's duration. On an error
+    /// nothing has run, `beside` included.
+    pub fn forward_beside<R>(
+        &self,
+        pool: &NodePool,
+        kv: &mut KvCache,
+        rows: &[StepRow],
+        scratch: &mut Scratch,
+        beside: impl FnOnce(&mut KvBlocks) -> R,
+    ) -> Result<(R, Duration), ForwardError> {
         if pool.n_nodes() != self.parts.len() || (0..pool.n_nodes()).any(|n| pool.threads_in_node(n).unwrap_or(0) > scratch.n_threads()) {
             return Err(ForwardError::PoolMismatch);
         }
-        self.check_and_reserve(kv, rows, scratch)?;
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let ty = kv.kv_type();
-        let (tables, shards) = kv.split_mut();
-        match ty {
-            KvType::F16 => pass::Pass::<half::f16>::new(self, rows, scratch, tables, shards).run(pool),
-            KvType::F32 => pass::Pass::<f32>::new(self, rows, scratch, tables, shards).run(pool),
-        }
-        Ok(())
-    }
-
-    /// Validate a step and grow the cache of every sequence in it; on error nothing changes.
-    fn check_and_reserve(&self, kv: &mut KvCache, rows: &[StepRow], scratch: &mut Scratch) -> Result<(), ForwardError> {
-        let vocab = self.cfg.vocab_size;
         let shapes_match = kv.layouts().count() == self.parts.len()
             && kv.layouts().zip(&self.plan.parts).all(|(l, p)| l.n_layers == self.cfg.n_layers && l.n_kv_heads == p.kv_heads.len());
         if !shapes_match || scratch.parts.len() != self.parts.len() {
             return Err(ForwardError::CacheMismatch);
         }
+        let ty = kv.kv_type();
+        let (blocks, shards) = kv.parts_mut();
+        self.check_and_reserve(blocks, rows, scratch)?;
+        if rows.is_empty() {
+            return Ok((beside(blocks), Duration::ZERO));
+        }
+        let side = || beside(blocks);
+        Ok(match ty {
+            KvType::F16 => pass::Pass::<half::f16>::new(self, rows, scratch, shards).run_beside(pool, side),
+            KvType::F32 => pass::Pass::<f32>::new(self, rows, scratch, shards).run_beside(pool, side),
+        })
+    }
+
+    /// Validate a step, grow the cache of every sequence in it and copy their block tables
+    /// into `scratch`; on error nothing changes.
+    fn check_and_reserve(&self, kv: &mut KvBlocks, rows: &[StepRow], scratch: &mut Scratch) -> Result<(), ForwardError> {
+        let vocab = self.cfg.vocab_size;
         scratch.logit_rows.clear();
+        scratch.tables.clear();
         for (i, r) in rows.iter().enumerate() {
             if r.token as usize >= vocab {
                 return Err(ForwardError::BadToken { token: r.token, vocab });
@@ -139,7 +160,11 @@ impl Model {
         for r in rows {
             next[r.seq] = usize::MAX;
         }
-        if result.is_err() {
+        if result.is_ok() {
+            for r in rows {
+                scratch.tables.take(kv, r.seq)?;
+            }
+        } else {
             scratch.logit_rows.clear();
         }
         result

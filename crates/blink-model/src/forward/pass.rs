@@ -21,7 +21,7 @@ use blink_kernels::quant;
 
 use super::scratch::PartScratch;
 use super::{Scratch, StepRow};
-use crate::kv_cache::{BlockTables, KvData, KvElem, KvLayout, KvShard, KvStore, BLOCK_TOKENS};
+use crate::kv_cache::{KvData, KvElem, KvLayout, KvShard, KvStore, TableSnapshot, BLOCK_TOKENS};
 use crate::placement::Part;
 use crate::weights::{LayerWeights, Matrix, Weights};
 use crate::Model;
@@ -158,12 +158,12 @@ pub(super) struct Pass<'a, T: KvElem> {
     n_parts: usize,
     logits: Buf<'a>,
     act_stride: usize,
-    tables: BlockTables<'a>,
+    tables: &'a TableSnapshot,
     isa: Isa,
 }
 
 impl<'a, T: StoreOf> Pass<'a, T> {
-    pub(super) fn new(model: &'a Model, rows: &'a [StepRow], s: &'a mut Scratch, tables: BlockTables<'a>, shards: &'a mut [KvShard]) -> Self {
+    pub(super) fn new(model: &'a Model, rows: &'a [StepRow], s: &'a mut Scratch, shards: &'a mut [KvShard]) -> Self {
         let cfg = &model.cfg;
         let n_parts = model.parts.len();
         assert!(n_parts <= MAX_PARTS && shards.len() == n_parts && s.parts.len() == n_parts, "parts of model, cache and scratch differ");
@@ -204,13 +204,15 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             n_parts,
             logits: Buf::new(&mut s.logits, cfg.vocab_size),
             act_stride: s.act_stride,
-            tables,
+            tables: &s.tables,
             isa: cpu::active(),
         }
     }
 
-    pub(super) fn run(&self, pool: &NodePool) {
-        pool.run(|w| self.run_on(w, self.view(w.node)));
+    /// Run the pass on `pool`, and `beside` on the calling thread meanwhile (see
+    /// [`NodePool::run_beside`]).
+    pub(super) fn run_beside<R>(&self, pool: &NodePool, beside: impl FnOnce() -> R) -> (R, std::time::Duration) {
+        pool.run_beside(|w| self.run_on(w, self.view(w.node)), beside)
     }
 
     fn view(&self, part: usize) -> &PartView<'a, T> {

@@ -3,6 +3,7 @@
 
 use blink_kernels::quant;
 
+use crate::kv_cache::TableSnapshot;
 use crate::memory::Storage;
 use crate::{Model, ModelError};
 
@@ -41,6 +42,8 @@ pub struct Scratch {
     pub(super) logit_rows: Vec<usize>,
     /// Per-sequence expected next position while validating a step.
     pub(super) next_pos: Vec<usize>,
+    /// The step's block tables, copied when it was checked.
+    pub(super) tables: TableSnapshot,
 }
 
 impl Scratch {
@@ -96,6 +99,8 @@ impl Scratch {
             logits: vec![0.0; max_logit_rows * cfg.vocab_size],
             logit_rows: Vec::with_capacity(max_rows),
             next_pos: Vec::new(),
+            // Room for every row to be its own sequence at the longest context.
+            tables: TableSnapshot::with_capacity(max_rows * max_ctx.div_ceil(crate::kv_cache::BLOCK_TOKENS)),
         })
     }
 

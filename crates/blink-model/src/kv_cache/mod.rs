@@ -10,12 +10,14 @@
 //! starting with the same tokens attaches them instead of recomputing them. Shared blocks
 //! are only ever read: a sequence writes past its attached prefix, into its own blocks.
 
+mod blocks;
 mod pool;
 
 use blink_kernels::numa::{NumaError, Topology, Zeroable};
 
 use crate::memory::Storage;
-use pool::{chain_hash, BlockPool};
+
+pub use blocks::{KvBlocks, SeqId, TableSnapshot};
 
 use half::f16;
 use thiserror::Error;
@@ -98,29 +100,6 @@ pub enum KvError {
     UnknownSeq(usize),
 }
 
-/// Identifies a sequence's slot in the cache.
-pub type SeqId = usize;
-
-/// Read-only access to every sequence's block table.
-#[derive(Clone, Copy)]
-pub struct BlockTables<'a> {
-    seqs: &'a [Option<SeqBlocks>],
-}
-
-impl BlockTables<'_> {
-    /// The block table of `id` (empty for an unknown id).
-    #[inline]
-    pub fn get(&self, id: SeqId) -> &[u32] {
-        self.seqs.get(id).and_then(Option::as_ref).map_or(&[], |s| &s.table)
-    }
-}
-
-#[derive(Default)]
-struct SeqBlocks {
-    table: Vec<u32>,
-    len: usize,
-}
-
 /// K and V buffers of one element type, all layers in one allocation each.
 pub struct KvStore<T: KvElem + Zeroable> {
     pub k: Storage<T>,
@@ -139,13 +118,24 @@ pub struct KvShard {
     pub data: KvData,
 }
 
-/// The block pool and the sequences' block tables, and the values in one or more shards
-/// (one per NUMA node's heads) that share those tables.
+/// The block bookkeeping ([`KvBlocks`], which a `KvCache` derefs to) and the values, in
+/// one or more shards (one per NUMA node's heads) that share its block tables.
 pub struct KvCache {
-    n_blocks: usize,
+    blocks: KvBlocks,
     shards: Vec<KvShard>,
-    pool: BlockPool,
-    seqs: Vec<Option<SeqBlocks>>,
+}
+
+impl std::ops::Deref for KvCache {
+    type Target = KvBlocks;
+    fn deref(&self) -> &KvBlocks {
+        &self.blocks
+    }
+}
+
+impl std::ops::DerefMut for KvCache {
+    fn deref_mut(&mut self) -> &mut KvBlocks {
+        &mut self.blocks
+    }
 }
 
 impl KvCache {
@@ -176,12 +166,12 @@ impl KvCache {
                 Ok(KvShard { layout, data })
             })
             .collect::<Result<Vec<_>, NumaError>>()?;
-        Ok(KvCache { n_blocks, shards, pool: BlockPool::new(n_blocks), seqs: Vec::new() })
+        Ok(KvCache { blocks: KvBlocks::new(n_blocks), shards })
     }
 
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(tokens: usize) -> usize {
-        tokens.div_ceil(BLOCK_TOKENS)
+        blocks::blocks_for(tokens)
     }
 
     /// The shards' layouts, in part order.
@@ -189,9 +179,10 @@ impl KvCache {
         self.shards.iter().map(|s| &s.layout)
     }
 
-    /// The storage for writing, with a read-only view of the block tables beside it.
-    pub fn split_mut(&mut self) -> (BlockTables<'_>, &mut [KvShard]) {
-        (BlockTables { seqs: &self.seqs }, &mut self.shards)
+    /// The bookkeeping and the values, apart: a step's pass writes the values while the
+    /// bookkeeping may admit or release other sequences.
+    pub fn parts_mut(&mut self) -> (&mut KvBlocks, &mut [KvShard]) {
+        (&mut self.blocks, &mut self.shards)
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -199,138 +190,6 @@ impl KvCache {
             KvData::F16(_) => KvType::F16,
             KvData::F32(_) => KvType::F32,
         }
-    }
-
-    /// Total blocks in the pool.
-    pub fn n_blocks(&self) -> usize {
-        self.n_blocks
-    }
-
-    /// Blocks not owned by any sequence (free, or cached and evictable).
-    pub fn free_blocks(&self) -> usize {
-        self.pool.available()
-    }
-
-    /// Blocks without owners that still hold a cached prefix.
-    pub fn cached_blocks(&self) -> usize {
-        self.pool.cached()
-    }
-
-    /// Token capacity of the whole pool.
-    pub fn capacity_tokens(&self) -> usize {
-        self.n_blocks * BLOCK_TOKENS
-    }
-
-    /// A new, empty sequence.
-    pub fn new_seq(&mut self) -> SeqId {
-        if let Some(id) = self.seqs.iter().position(Option::is_none) {
-            self.seqs[id] = Some(SeqBlocks::default());
-            id
-        } else {
-            self.seqs.push(Some(SeqBlocks::default()));
-            self.seqs.len() - 1
-        }
-    }
-
-    /// Release a sequence and its blocks (published ones stay cached for reuse).
-    pub fn free_seq(&mut self, id: SeqId) {
-        if let Some(seq) = self.seqs.get_mut(id).and_then(Option::take) {
-            for &b in seq.table.iter().rev() {
-                self.pool.release(b);
-            }
-        }
-    }
-
-    fn seq(&self, id: SeqId) -> Result<&SeqBlocks, KvError> {
-        self.seqs.get(id).and_then(Option::as_ref).ok_or(KvError::UnknownSeq(id))
-    }
-
-    fn seq_mut(&mut self, id: SeqId) -> Result<&mut SeqBlocks, KvError> {
-        self.seqs.get_mut(id).and_then(Option::as_mut).ok_or(KvError::UnknownSeq(id))
-    }
-
-    /// Tokens currently stored for `id`.
-    pub fn seq_len(&self, id: SeqId) -> Result<usize, KvError> {
-        Ok(self.seq(id)?.len)
-    }
-
-    /// The block table of `id`.
-    pub fn block_table(&self, id: SeqId) -> Result<&[u32], KvError> {
-        Ok(&self.seq(id)?.table)
-    }
-
-    /// Make sure `id` has blocks for `tokens` tokens, without changing its length. Either
-    /// every needed block is allocated or nothing changes.
-    pub fn reserve(&mut self, id: SeqId, tokens: usize) -> Result<(), KvError> {
-        let have = self.seq(id)?.table.len();
-        let needed = Self::blocks_for(tokens).saturating_sub(have);
-        if needed > self.pool.available() {
-            return Err(KvError::Full { needed, free: self.pool.available() });
-        }
-        for _ in 0..needed {
-            let b = self.pool.alloc().expect("availability checked above");
-            self.seqs[id].as_mut().expect("checked above").table.push(b);
-        }
-        Ok(())
-    }
-
-    /// Make room for `id` to hold `len` tokens and record that length. Either every needed
-    /// block is allocated or nothing changes.
-    pub fn grow(&mut self, id: SeqId, len: usize) -> Result<(), KvError> {
-        self.reserve(id, len)?;
-        let seq = self.seq_mut(id)?;
-        seq.len = seq.len.max(len);
-        Ok(())
-    }
-
-    /// Forget everything of `id` from position `len` on, returning whole blocks to the pool.
-    pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<(), KvError> {
-        let keep = Self::blocks_for(len);
-        let seq = self.seq_mut(id)?;
-        if len >= seq.len {
-            return Ok(());
-        }
-        seq.len = len;
-        let released: Vec<u32> = seq.table.drain(keep.min(seq.table.len())..).collect();
-        for b in released.into_iter().rev() {
-            self.pool.release(b);
-        }
-        Ok(())
-    }
-
-    /// Attach to the empty sequence `id` the cached blocks that hold a prefix of `tokens`,
-    /// leaving at least one token to compute. Returns how many tokens were attached.
-    pub fn attach_prefix(&mut self, id: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
-        if self.seq(id)?.len != 0 {
-            return Ok(0);
-        }
-        let usable = tokens.len().saturating_sub(1) / BLOCK_TOKENS;
-        let mut hash = 0;
-        let mut attached = 0;
-        for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(usable) {
-            hash = chain_hash(hash, chunk);
-            let Some(b) = self.pool.lookup(hash, chunk) else { break };
-            self.pool.retain(b);
-            let seq = self.seqs[id].as_mut().expect("checked above");
-            seq.table.push(b);
-            seq.len += BLOCK_TOKENS;
-            attached += BLOCK_TOKENS;
-        }
-        Ok(attached)
-    }
-
-    /// Publish the full blocks of `id` whose tokens (`tokens`, the sequence so far) are
-    /// computed, so later sequences can attach them.
-    pub fn publish_prefix(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
-        let seq = self.seq(id)?;
-        let full = seq.len.min(tokens.len()) / BLOCK_TOKENS;
-        let mut hash = 0;
-        for (i, chunk) in tokens.chunks_exact(BLOCK_TOKENS).take(full).enumerate() {
-            hash = chain_hash(hash, chunk);
-            let b = self.seqs[id].as_ref().expect("checked above").table[i];
-            self.pool.publish(b, hash, chunk);
-        }
-        Ok(())
     }
 }
 
