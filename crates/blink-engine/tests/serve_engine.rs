@@ -1,6 +1,6 @@
 //! The continuous-batching engine on the real model: every request in a crowded batch gets
-//! exactly the tokens it gets alone; cancelled requests free their cache; shared prefixes
-//! are reused.
+//! exactly the tokens it gets alone, with each step built while the previous one computes;
+//! cancelled requests free their cache; shared prefixes are reused.
 
 use std::sync::Arc;
 
@@ -80,6 +80,10 @@ fn batched_requests_match_their_solo_runs() {
     }
     let stats = settled(&engine);
     assert!(stats.steps_total > 0 && stats.f_ctrl() >= 0.0 && stats.f_ctrl() < 1.0);
+    // Busy from the first step to the last, so every step but the first was built while
+    // the one before it computed.
+    assert!(stats.steps_total - stats.steps_planned_ahead <= 1, "{stats:?}");
+    assert!(stats.beside_seconds_total > 0.0);
 }
 
 #[test]

@@ -87,6 +87,10 @@ pub struct EngineStats {
     /// Total wall time of steps, and the part spent in the forward pass, in seconds.
     pub step_seconds_total: f64,
     pub compute_seconds_total: f64,
+    /// Steps whose control work (hand-off, admission, planning) ran beside the previous
+    /// pass, and the seconds that work took there, off the critical path.
+    pub steps_planned_ahead: u64,
+    pub beside_seconds_total: f64,
 }
 
 impl EngineStats {

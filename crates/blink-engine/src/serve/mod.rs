@@ -1,12 +1,15 @@
 //! Continuous batching: one engine thread runs iteration-level scheduling over all
-//! requests, packing decode rows and chunks of pending prefills into each step.
+//! requests, packing decode rows and chunks of pending prefills into each step, on a pool
+//! of compute threads of its own; it builds the next step while the current one computes.
 //!
 //! Front ends talk to it through [`Engine`] (cheap to clone): `submit` a [`Request`], read
 //! [`Event`]s from the [`Submission`]. Requests and events cross between the front end's
 //! threads and the engine thread through channels; the engine thread never blocks on a
-//! client. See `api` for the types and `scheduler` for the step loop.
+//! client. See `api` for the types, `scheduler` for the step loop and `control` for the
+//! work done beside each step.
 
 mod api;
+mod control;
 mod scheduler;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,11 +89,11 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let waiting = Arc::new(AtomicU64::new(0));
-        let sched = scheduler::Scheduler::new(model, eog, &config, stats.clone(), waiting.clone());
+        let sched = scheduler::Scheduler::new(model, eog, &config, rx, stats.clone(), waiting.clone());
         let capacity_tokens = sched.capacity_tokens();
         let thread = std::thread::Builder::new()
             .name("blink-engine".into())
-            .spawn(move || sched.run(rx))
+            .spawn(move || sched.run())
             .expect("failed to spawn the engine thread");
         Engine {
             shared: Arc::new(Shared {

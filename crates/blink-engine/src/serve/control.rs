@@ -1,0 +1,278 @@
+//! The engine's control plane: everything that can happen while a step computes.
+//!
+//! [`Control::plan_next`] runs beside each forward pass (or alone when the engine starts
+//! from idle). It hands the previous step's events to their clients, reports and releases
+//! finished sequences, takes new requests, forgets cancelled ones, admits waiting requests
+//! (reserving their whole KV need, so the cache is never over-committed) and plans the
+//! next step's prompt chunks. What is left between two passes is only sampling and
+//! putting the rows together (`scheduler`).
+//!
+//! Sequences are named by their cache id while they run: a step's rows refer to them by
+//! it, and [`Control::index`] finds them however the list of running sequences has
+//! changed meanwhile.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
+
+use blink_model::kv_cache::KvBlocks;
+use blink_model::{SeqId, StepRow};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::api::{EngineStats, Event, Request, Usage};
+use super::{Command, EngineConfig};
+use crate::sampling::Sampler;
+use crate::session::FinishReason;
+
+/// A request waiting for admission.
+struct Pending {
+    request: Request,
+    events: UnboundedSender<Event>,
+}
+
+/// A running sequence.
+pub(super) struct Seq {
+    pub(super) events: UnboundedSender<Event>,
+    pub(super) kv: SeqId,
+    /// Prompt then generated tokens.
+    pub(super) tokens: Vec<u32>,
+    pub(super) n_prompt: usize,
+    pub(super) max_tokens: usize,
+    pub(super) logprobs: Option<usize>,
+    pub(super) ignore_eos: bool,
+    /// Tokens whose keys and values are in the cache.
+    pub(super) computed: usize,
+    /// Tokens put into a step so far (computed, or being computed).
+    pub(super) scheduled: usize,
+    pub(super) generated: usize,
+    cached: usize,
+    pub(super) sampler: Sampler,
+    /// Sampled but not yet fed back.
+    pub(super) next: Option<u32>,
+    pub(super) done: Option<FinishReason>,
+}
+
+/// The queue, the running sequences and their outgoing events.
+pub(super) struct Control {
+    pub(super) cfg: EngineConfig,
+    commands: Receiver<Command>,
+    waiting: VecDeque<Pending>,
+    pub(super) running: Vec<Seq>,
+    /// Index in `running` of each cache id, refreshed whenever `running` changes.
+    index: Vec<usize>,
+    /// Prompt rows planned for the next step, and their sequences.
+    pub(super) planned: Vec<StepRow>,
+    /// Events of the last step, sent beside the next one.
+    pub(super) outbox: Vec<(UnboundedSender<Event>, Event)>,
+    /// Set when told to stop, or when every handle is gone and nothing is left to do.
+    pub(super) stop: bool,
+    disconnected: bool,
+    shared_stats: Arc<Mutex<EngineStats>>,
+    waiting_count: Arc<AtomicU64>,
+    pub(super) stats: EngineStats,
+}
+
+impl Control {
+    pub(super) fn new(
+        cfg: EngineConfig,
+        commands: Receiver<Command>,
+        shared_stats: Arc<Mutex<EngineStats>>,
+        waiting_count: Arc<AtomicU64>,
+        kv_blocks_total: usize,
+    ) -> Control {
+        Control {
+            planned: Vec::with_capacity(cfg.step_tokens),
+            outbox: Vec::with_capacity(cfg.max_running),
+            running: Vec::with_capacity(cfg.max_running),
+            index: Vec::new(),
+            cfg,
+            commands,
+            waiting: VecDeque::new(),
+            stop: false,
+            disconnected: false,
+            shared_stats,
+            waiting_count,
+            stats: EngineStats { kv_blocks_total, ..Default::default() },
+        }
+    }
+
+    /// Nothing to compute, report or admit.
+    pub(super) fn idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty() && self.outbox.is_empty()
+    }
+
+    /// Block until a command arrives (the engine is idle).
+    pub(super) fn wait_for_command(&mut self) {
+        match self.commands.recv() {
+            Ok(c) => self.take(c),
+            Err(_) => self.stop = true,
+        }
+    }
+
+    /// Where the sequence with cache id `kv` is in `running`.
+    #[inline]
+    pub(super) fn index(&self, kv: SeqId) -> usize {
+        self.index[kv]
+    }
+
+    /// All the control work for the coming step; `decoding` bounds how many decode rows
+    /// it will have, which the planned prompt chunks leave room for.
+    pub(super) fn plan_next(&mut self, kv: &mut KvBlocks, decoding: usize) {
+        self.send_events();
+        self.release_finished(kv);
+        self.take_commands();
+        self.drop_cancelled();
+        self.admit(kv);
+        self.refresh_index();
+        self.plan_prompts(decoding);
+        self.publish_stats(kv);
+        if self.disconnected && self.idle() {
+            self.stop = true;
+        }
+    }
+
+    fn send_events(&mut self) {
+        for (to, event) in self.outbox.drain(..) {
+            let _ = to.send(event);
+        }
+    }
+
+    /// Report and free the sequences that finished (or were cancelled) in earlier steps.
+    /// None of them is in the step now computing: rows are never built for them.
+    fn release_finished(&mut self, kv: &mut KvBlocks) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let Some(reason) = self.running[i].done else {
+                i += 1;
+                continue;
+            };
+            let seq = self.running.remove(i);
+            let usage = Usage { prompt_tokens: seq.n_prompt, completion_tokens: seq.generated, cached_tokens: seq.cached };
+            let _ = seq.events.send(Event::Finished { reason, usage });
+            kv.free_seq(seq.kv);
+            let s = &mut self.stats;
+            s.requests_finished += 1;
+            s.prompt_tokens_total += seq.n_prompt as u64;
+            s.prompt_tokens_cached += seq.cached as u64;
+            s.generated_tokens_total += seq.generated as u64;
+        }
+    }
+
+    fn take_commands(&mut self) {
+        loop {
+            match self.commands.try_recv() {
+                Ok(c) => self.take(c),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.disconnected = true;
+                    break;
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, c: Command) {
+        match c {
+            Command::Submit { request, events } => self.waiting.push_back(Pending { request, events }),
+            Command::Shutdown => self.stop = true,
+        }
+    }
+
+    /// Forget waiting requests whose client has gone; mark running ones done (they are
+    /// released by the next `plan_next`, once no step refers to them).
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|p| !p.events.is_closed());
+        let gone = before - self.waiting.len();
+        if gone > 0 {
+            self.waiting_count.fetch_sub(gone as u64, Ordering::AcqRel);
+        }
+        for seq in &mut self.running {
+            if seq.events.is_closed() {
+                seq.done.get_or_insert(FinishReason::Stop);
+            }
+        }
+    }
+
+    /// Admit waiting requests, in order, while their whole KV need can be reserved.
+    fn admit(&mut self, kv: &mut KvBlocks) {
+        while self.running.len() < self.cfg.max_running {
+            let Some(p) = self.waiting.front() else { break };
+            let id = kv.new_seq();
+            let cached = if self.cfg.prefix_cache { kv.attach_prefix(id, &p.request.prompt).unwrap_or(0) } else { 0 };
+            let total = p.request.prompt.len() + p.request.max_tokens;
+            if kv.reserve(id, total).is_err() {
+                kv.free_seq(id);
+                break;
+            }
+            let p = self.waiting.pop_front().expect("front exists");
+            self.waiting_count.fetch_sub(1, Ordering::AcqRel);
+            let mut sampler = Sampler::new(p.request.sampling.clone());
+            for &t in &p.request.prompt {
+                sampler.accept(t);
+            }
+            let n_prompt = p.request.prompt.len();
+            let mut tokens = p.request.prompt;
+            tokens.reserve_exact(p.request.max_tokens);
+            self.running.push(Seq {
+                events: p.events,
+                kv: id,
+                tokens,
+                n_prompt,
+                max_tokens: p.request.max_tokens,
+                logprobs: p.request.logprobs,
+                ignore_eos: p.request.ignore_eos,
+                computed: cached,
+                scheduled: cached,
+                generated: 0,
+                cached,
+                sampler,
+                next: None,
+                done: None,
+            });
+        }
+    }
+
+    fn refresh_index(&mut self) {
+        for (i, seq) in self.running.iter().enumerate() {
+            if self.index.len() <= seq.kv {
+                self.index.resize(seq.kv + 1, usize::MAX);
+            }
+            self.index[seq.kv] = i;
+        }
+    }
+
+    /// Plan chunks of pending prompts for the next step, oldest request first, within the
+    /// token budget left by up to `decoding` decode rows.
+    fn plan_prompts(&mut self, decoding: usize) {
+        self.planned.clear();
+        let mut budget = self.cfg.step_tokens.saturating_sub(decoding);
+        for seq in &mut self.running {
+            if budget == 0 {
+                break;
+            }
+            if seq.done.is_some() || seq.scheduled >= seq.n_prompt {
+                continue;
+            }
+            let n = (seq.n_prompt - seq.scheduled).min(budget);
+            for pos in seq.scheduled..seq.scheduled + n {
+                let logits = pos + 1 == seq.n_prompt;
+                self.planned.push(StepRow { token: seq.tokens[pos], pos, seq: seq.kv, logits });
+            }
+            seq.scheduled += n;
+            budget -= n;
+        }
+    }
+
+    fn publish_stats(&mut self, kv: &KvBlocks) {
+        let s = &mut self.stats;
+        s.queue_depth = self.waiting.len();
+        s.running = self.running.len();
+        s.kv_blocks_cached = kv.cached_blocks();
+        s.kv_blocks_used = kv.n_blocks() - kv.free_blocks();
+        if let Ok(mut shared) = self.shared_stats.lock() {
+            shared.clone_from(s);
+        }
+    }
+}
