@@ -242,7 +242,13 @@ pub fn argmax(logits: &[f32]) -> u32 {
     if best == f32::NEG_INFINITY {
         return 0;
     }
-    logits.iter().position(|&v| v == best).unwrap_or(0) as u32
+    // The first chunk holding it (a branch-free test per chunk), then its place there.
+    for (c, chunk) in logits.chunks(LANES).enumerate() {
+        if chunk.iter().fold(false, |hit, &v| hit | (v == best)) {
+            return (c * LANES + chunk.iter().position(|&v| v == best).unwrap_or(0)) as u32;
+        }
+    }
+    0
 }
 
 /// Natural-log probabilities of `logits` (log-softmax, computed in f64).
