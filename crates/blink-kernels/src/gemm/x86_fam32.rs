@@ -100,6 +100,16 @@ pub(super) trait DotU8I8 {
     unsafe fn dot_small(u: __m256i, s: __m256i) -> __m256i {
         Self::dot(u, s)
     }
+    /// `init + dot(u, s)`.
+    #[inline(always)]
+    unsafe fn dot_from(init: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(init, Self::dot(u, s))
+    }
+    /// `init + dot_small(u, s)`.
+    #[inline(always)]
+    unsafe fn dot_small_from(init: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(init, Self::dot_small(u, s))
+    }
 }
 
 /// VNNI `vpdpbusd`: exact, no saturation.
@@ -111,6 +121,16 @@ impl DotU8I8 for Vnni {
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_from(init: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(init, u, s)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_small_from(init: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(init, u, s)
     }
 }
 
@@ -175,10 +195,11 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
                 tail[j] = _mm256_add_ps(tail[j], _mm256_mul_ps(mw, _mm256_set1_ps(f16_at(ab.add(2)))));
             }
             if F::OFFSET != 0 {
-                // OFFSET · Σa per lane, broadcast below from memory.
+                // −OFFSET · Σa per lane, broadcast below from memory as the starting sum.
                 let sums = D::dot_small(ones, _mm256_loadu_si256(aq[j] as *const __m256i));
                 let shifted = _mm256_sllv_epi32(sums, _mm256_set1_epi32(F::OFFSET.trailing_zeros() as i32));
-                _mm256_storeu_si256(offsets[j].as_mut_ptr() as *mut __m256i, shifted);
+                let negated = _mm256_sub_epi32(_mm256_setzero_si256(), shifted);
+                _mm256_storeu_si256(offsets[j].as_mut_ptr() as *mut __m256i, negated);
             }
         }
         for l in 0..4 {
@@ -186,10 +207,12 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
             for j in 0..RA {
                 for (lane, wv) in [(l, w_lo), (l + 4, w_hi)] {
                     let a4 = _mm256_set1_epi32((aq[j].add(4 * lane) as *const i32).read_unaligned());
-                    let mut sums = if F::SMALL { D::dot_small(wv, a4) } else { D::dot(wv, a4) };
-                    if F::OFFSET != 0 {
-                        sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(offsets[j][lane]));
-                    }
+                    let sums = match (F::OFFSET != 0, F::SMALL) {
+                        (true, true) => D::dot_small_from(_mm256_set1_epi32(offsets[j][lane]), wv, a4),
+                        (true, false) => D::dot_from(_mm256_set1_epi32(offsets[j][lane]), wv, a4),
+                        (false, true) => D::dot_small(wv, a4),
+                        (false, false) => D::dot(wv, a4),
+                    };
                     acc[j][lane] = _mm256_fmadd_ps(scales[j], _mm256_cvtepi32_ps(sums), acc[j][lane]);
                 }
             }
