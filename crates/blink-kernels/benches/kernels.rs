@@ -76,8 +76,8 @@ fn bench_gemm(c: &mut Criterion) {
 }
 
 fn bench_attention(c: &mut Criterion) {
-    let (hd, n) = (64usize, 512usize);
-    let q: Vec<f32> = values(hd, 3).iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+    let (hd, n, heads) = (64usize, 512usize, 3usize);
+    let q: Vec<f32> = values(heads * hd, 3).iter().map(|v| f16::from_f32(*v).to_f32()).collect();
     let k: Vec<f16> = values(n * hd, 4).iter().map(|&v| f16::from_f32(v)).collect();
     let v: Vec<f16> = values(n * hd, 5).iter().map(|&v| f16::from_f32(v)).collect();
     let mut group = c.benchmark_group("attention");
@@ -88,10 +88,38 @@ fn bench_attention(c: &mut Criterion) {
             b.iter(|| {
                 let mut st = Online::default();
                 acc.iter_mut().for_each(|a| *a = 0.0);
-                attention::attend(isa, &q, &k, &v, n, 0.125, &mut st, &mut acc);
+                attention::attend(isa, &q[..hd], &k, &v, n, 0.125, &mut st, &mut acc);
                 st.finish(&mut acc);
             })
         });
+    }
+    // As the model calls it: blocks of 16 positions, three query heads per key/value head,
+    // one head at a time or all three together (elements: positions × heads).
+    group.throughput(Throughput::Elements((n * heads) as u64));
+    for isa in paths() {
+        for together in [false, true] {
+            let name = format!("f16-hd{hd}-gqa{heads}-{}", if together { "heads" } else { "each" });
+            group.bench_function(BenchmarkId::new(name, isa), |b| {
+                let mut acc = vec![0f32; heads * hd];
+                b.iter(|| {
+                    let mut st = vec![Online::default(); heads];
+                    acc.iter_mut().for_each(|a| *a = 0.0);
+                    for at in (0..n).step_by(16) {
+                        let (kb, vb) = (&k[at * hd..(at + 16) * hd], &v[at * hd..(at + 16) * hd]);
+                        if together {
+                            attention::attend_heads(isa, &q, kb, vb, 16, 0.125, &mut st, &mut acc);
+                        } else {
+                            for (h, st) in st.iter_mut().enumerate() {
+                                attention::attend(isa, &q[h * hd..(h + 1) * hd], kb, vb, 16, 0.125, st, &mut acc[h * hd..(h + 1) * hd]);
+                            }
+                        }
+                    }
+                    for (h, st) in st.iter().enumerate() {
+                        st.finish(&mut acc[h * hd..(h + 1) * hd]);
+                    }
+                })
+            });
+        }
     }
     group.finish();
 }

@@ -436,6 +436,9 @@ impl<'a, T: StoreOf> Pass<'a, T> {
     /// `blink_kernels::attention` for the numerics), of every (row, query head) whose
     /// key/value head this part holds; items of a head held by several parts are dealt
     /// between them. The result goes into every part's `attn`.
+    ///
+    /// The query heads of a key/value head this part alone holds are usually one item,
+    /// attended together (the results are the same bits).
     fn attention(&self, w: &NodeWorker, me: &PartView<T>, layer: usize) {
         let cfg = &self.model.cfg;
         let hd = cfg.head_dim;
@@ -443,31 +446,57 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         let scale = 1.0 / (hd as f32).sqrt();
         // SAFETY: per-thread scratch row.
         let qh = unsafe { me.qh.row_mut(w.tid_in_node) };
-        // Items are dealt round-robin, between holders and then between the node's threads:
-        // a row's cost grows with its position, so contiguous shares would leave the thread
-        // with the latest rows doing most of the work.
+        // A whole group's rounded queries and softmax states (on the stack: decoding does
+        // not allocate).
+        const MAX_GROUP: usize = 16;
+        let mut qg = [0f32; 2048];
+        let mut states = [Online::default(); MAX_GROUP];
+        // A whole group shares each key and value row between its heads (measured at about
+        // 3/4 of the per-head cost) but makes `group` times fewer items to deal: take whole
+        // groups unless that leaves the busiest thread more work.
+        let (groups, threads) = (self.rows.len() * me.part.kv_groups.len(), w.threads_in_node);
+        let whole = (2..=MAX_GROUP).contains(&group)
+            && group * hd <= qg.len()
+            && 3 * groups.div_ceil(threads) * group <= 4 * (groups * group).div_ceil(threads);
+        // Items (row, first head, heads) are dealt round-robin, between holders and then
+        // between the node's threads: a row's cost grows with its position, so contiguous
+        // shares would leave the thread with the latest rows doing most of the work.
         let items = me.part.kv_groups.iter().flat_map(|&(g, rank, holders)| {
-            (rank..self.rows.len() * group).step_by(holders).map(move |k| (k / group, g * group + k % group))
+            let (first, step, heads) = if whole && holders == 1 { (0, group, group) } else { (rank, holders, 1) };
+            (first..self.rows.len() * group).step_by(step).map(move |k| (k / group, g * group + k % group, heads))
         });
-        for (r, h) in items.skip(w.tid_in_node).step_by(w.threads_in_node) {
+        for (r, h, heads) in items.skip(w.tid_in_node).step_by(w.threads_in_node) {
             let row = self.rows[r];
             let kvh = h / group - me.part.kv_heads.start;
             let table = self.tables.get(row.seq);
-            let cols = h * hd..(h + 1) * hd;
-            // SAFETY: q is read-only now; this thread owns head h of row r in every part's
-            // attn; the cache is read-only in this phase.
+            let cols = h * hd..(h + heads) * hd;
+            // SAFETY: q is read-only now; this thread owns heads h..h + heads of row r in
+            // every part's attn; the cache is read-only in this phase.
             let (q, acc) = unsafe { (me.q.cols(r, cols.clone()), me.attn.cols_mut(r, cols.clone())) };
-            attention::prepare_query::<T>(q, qh);
+            let qs = if heads == 1 { &mut qh[..] } else { &mut qg[..heads * hd] };
+            attention::prepare_query::<T>(q, qs);
             acc.iter_mut().for_each(|a| *a = 0.0);
-            let mut state = Online::default();
+            let states = &mut states[..heads];
+            states.fill(Online::default());
             let n_pos = row.pos + 1;
-            for (b, &block) in table.iter().enumerate().take(n_pos.div_ceil(BLOCK_TOKENS)) {
+            let blocks = n_pos.div_ceil(BLOCK_TOKENS);
+            // SAFETY: the cache is read-only in this phase.
+            let block = |b: usize| unsafe {
                 let n = (n_pos - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-                let at = me.layout.offset(layer, block, kvh, 0);
-                let (keys, values) = unsafe { (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd)) };
-                attention::attend::<T>(self.isa, qh, keys, values, n, scale, &mut state, acc);
+                let at = me.layout.offset(layer, table[b], kvh, 0);
+                (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd), n)
+            };
+            for b in 0..blocks {
+                if b + 1 < blocks {
+                    let (keys, values, _) = block(b + 1);
+                    attention::prefetch(keys, values);
+                }
+                let (keys, values, n) = block(b);
+                attention::attend_heads::<T>(self.isa, qs, keys, values, n, scale, states, acc);
             }
-            state.finish(acc);
+            for (state, acc) in states.iter().zip(acc.chunks_exact_mut(hd)) {
+                state.finish(acc);
+            }
             for other in self.others(w.node) {
                 // SAFETY: as above, for the other parts' copies.
                 unsafe { other.attn.cols_mut(r, cols.clone()).copy_from_slice(acc) };
