@@ -28,6 +28,9 @@ pub(super) trait Fam32 {
     const OFFSET: i32;
     /// Whether every unpacked quant is below 128 (cheaper products on plain AVX2).
     const SMALL: bool = true;
+    /// Quants are signed bytes, used as they are: each product is |q| · (a · sign q),
+    /// whose pair sums fit in 16 bits (|q| ≤ 128, |a| ≤ 127), so no offset is needed.
+    const SIGNED: bool = false;
 }
 
 pub(super) struct Q4_0;
@@ -47,6 +50,7 @@ macro_rules! fam32 {
             const ACT_QS: usize = $act_qs;
             const OFFSET: i32 = $offset;
             const SMALL: bool = $small;
+            const SIGNED: bool = Self::FIELDS.bits == 8;
         }
     };
 }
@@ -55,7 +59,7 @@ fam32!(Q4_0, 34, 2, 8, true);
 fam32!(Q4_1, 36, 4, 0, true);
 fam32!(Q5_0, 34, 2, 16, true);
 fam32!(Q5_1, 36, 4, 0, true);
-fam32!(Q8_0, 34, 2, 128, false);
+fam32!(Q8_0, 34, 2, 0, true);
 
 /// Bit `k` of the 32-bit word at `qh` as value 16 in byte `k`.
 #[inline(always)]
@@ -70,14 +74,15 @@ unsafe fn fifth_bits(qh: *const u8) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(16))
 }
 
-/// Lanes `l` and `l + 4` of eight rows as unsigned bytes (`q + OFFSET`).
+/// Lanes `l` and `l + 4` of eight rows as unsigned bytes (`q + OFFSET`), or as signed
+/// bytes for `SIGNED` formats.
 #[inline(always)]
 unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize) -> (__m256i, __m256i) {
     let (_, qh_at, qs_at) = F::FIELDS.packed_offsets();
     if F::FIELDS.bits == 8 {
-        let flip = _mm256_set1_epi8(-128);
-        let lo = _mm256_xor_si256(_mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i), flip);
-        let hi = _mm256_xor_si256(_mm256_loadu_si256(gb.add(qs_at + 32 * (l + 4)) as *const __m256i), flip);
+        // Signed, as stored (see `Fam32::SIGNED`).
+        let lo = _mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i);
+        let hi = _mm256_loadu_si256(gb.add(qs_at + 32 * (l + 4)) as *const __m256i);
         return (lo, hi);
     }
     let raw = _mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i);
@@ -204,9 +209,15 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
         }
         for l in 0..4 {
             let (w_lo, w_hi) = unpack_lanes::<F>(gb, l);
+            let (m_lo, m_hi) = if F::SIGNED { (_mm256_abs_epi8(w_lo), _mm256_abs_epi8(w_hi)) } else { (w_lo, w_hi) };
             for j in 0..RA {
-                for (lane, wv) in [(l, w_lo), (l + 4, w_hi)] {
+                for (lane, wv, mag) in [(l, w_lo, m_lo), (l + 4, w_hi, m_hi)] {
                     let a4 = _mm256_set1_epi32((aq[j].add(4 * lane) as *const i32).read_unaligned());
+                    if F::SIGNED {
+                        let sums = D::dot_small(mag, _mm256_sign_epi8(a4, wv));
+                        acc[j][lane] = _mm256_fmadd_ps(scales[j], _mm256_cvtepi32_ps(sums), acc[j][lane]);
+                        continue;
+                    }
                     let sums = match (F::OFFSET != 0, F::SMALL) {
                         (true, true) => D::dot_small_from(_mm256_set1_epi32(offsets[j][lane]), wv, a4),
                         (true, false) => D::dot_from(_mm256_set1_epi32(offsets[j][lane]), wv, a4),
