@@ -28,13 +28,23 @@ impl Parking {
 
     /// Wait until `value` differs from `seen`, spinning at most `spins` times first.
     pub(crate) fn wait_for_change(&self, value: &AtomicUsize, seen: usize, spins: u32) {
+        self.wait(value, seen, spins, YIELDS);
+    }
+
+    /// As `wait_for_change`, but without yielding between the spin and the sleep: for a
+    /// thread that expects a long wait and must not take CPU time from those it waits for.
+    pub(crate) fn sleep_until_change(&self, value: &AtomicUsize, seen: usize, spins: u32) {
+        self.wait(value, seen, spins, 0);
+    }
+
+    fn wait(&self, value: &AtomicUsize, seen: usize, spins: u32, yields: u32) {
         for _ in 0..spins {
             if value.load(Ordering::Acquire) != seen {
                 return;
             }
             std::hint::spin_loop();
         }
-        for _ in 0..YIELDS {
+        for _ in 0..yields {
             if value.load(Ordering::Acquire) != seen {
                 return;
             }

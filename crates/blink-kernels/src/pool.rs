@@ -275,7 +275,7 @@ impl ThreadPool {
 
         // A short spin, then sleep: this thread is not a compute thread, and spinning
         // would take a CPU from one that is.
-        shared.finished_parking.wait_for_change(&shared.finished, finished, CALLER_SPINS);
+        shared.finished_parking.sleep_until_change(&shared.finished, finished, CALLER_SPINS);
         let took = Duration::from_nanos(shared.finished_at.load(Ordering::Acquire))
             .saturating_sub(start.duration_since(shared.started));
         unsafe { *shared.job.get() = None };
