@@ -105,11 +105,11 @@ pub fn attend<T: CacheElem>(isa: Isa, q: &[f32], keys: &[T], values: &[T], n: us
 #[allow(clippy::too_many_arguments)]
 pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T], n: usize, scale: f32, states: &mut [Online], accs: &mut [f32]) {
     let heads = states.len();
-    assert!(heads > 0 && qs.len() % heads == 0 && accs.len() == qs.len());
+    assert!(heads > 0 && qs.len().is_multiple_of(heads) && accs.len() == qs.len());
     let hd = qs.len() / heads;
     assert!(keys.len() >= n * hd && values.len() >= n * hd);
     #[cfg(target_arch = "x86_64")]
-    if T::HALF && hd % 16 == 0 && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
+    if T::HALF && hd.is_multiple_of(16) && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
         // SAFETY: the CPU supports the path (checked when it was chosen); T is f16 (HALF),
         // so the slices are f16 bit patterns.
         unsafe {

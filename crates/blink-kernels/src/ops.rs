@@ -123,7 +123,7 @@ pub fn rope(isa: Isa, table: &[f32], x: &mut [f32], neox: bool) {
 /// 8-bit formats where the path has it.
 pub fn quantize_row(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if x86_fma(isa) && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) && src.len() % 32 == 0 {
+    if x86_fma(isa) && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) && src.len().is_multiple_of(32) {
         assert!(dst.len() >= ty.row_bytes(src.len() as u64).unwrap_or(u64::MAX) as usize, "quantize_row: output too short");
         // SAFETY: as above; `dst` holds the whole row (checked).
         return unsafe { x86_q8::quantize(src, dst, ty == GgmlType::Q8_1) };

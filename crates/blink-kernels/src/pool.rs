@@ -468,7 +468,7 @@ mod tests {
                 for p in 0..parts {
                     let r = split_range(n, 16, p, parts);
                     assert_eq!(r.start, next);
-                    assert!(r.start % 16 == 0 || r.start == n);
+                    assert!(r.start.is_multiple_of(16) || r.start == n);
                     next = r.end;
                 }
                 assert_eq!(next, n);

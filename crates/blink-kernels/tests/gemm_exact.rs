@@ -87,6 +87,7 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(isa: Isa, ty: GgmlType, layout: Layout, w: &[u8], rows: usize, cols: usize, act: &[u8], stride: usize, n_act: usize, accumulate: bool) -> Vec<f32> {
     let mut out: Vec<f32> = (0..n_act * rows).map(|i| i as f32 * 0.25).collect();
     // Split the rows in two calls to exercise ranges that start mid-matrix.

@@ -166,7 +166,7 @@ impl Loader<'_> {
             return Err(ModelError::BadTensor(format!("{name} has shape {:?}, expected [{cols}, {rows}]", info.dims)));
         }
         let act = quant::vec_dot_type(info.ty);
-        if cols % act.block_size() != 0 {
+        if !cols.is_multiple_of(act.block_size()) {
             return Err(ModelError::Unsupported(format!(
                 "{name}: type {} needs rows of a multiple of {} elements, but rows have {cols}",
                 info.ty,

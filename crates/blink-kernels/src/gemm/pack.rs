@@ -151,7 +151,7 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8
     let f = Fields::of(ty)?;
     let n_blocks = cols / 32;
     let row_bytes = n_blocks * f.block;
-    assert!(cols % 32 == 0 && src.len() >= rows * row_bytes, "pack: source shorter than its rows");
+    assert!(cols.is_multiple_of(32) && src.len() >= rows * row_bytes, "pack: source shorter than its rows");
     let group_block = f.group_block();
     let mut out = vec![0u8; padded_rows(rows) / GROUP * n_blocks * group_block];
     for (gb, dst) in out.chunks_exact_mut(group_block).enumerate() {

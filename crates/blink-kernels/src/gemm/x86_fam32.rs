@@ -275,7 +275,7 @@ impl Shape for Avx2 {
 /// `r` in `0..n_act`; `w` is the packed matrix.
 #[inline(always)]
 unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
-    assert!(rows.start % GROUP == 0, "row ranges of packed matrices start on a group");
+    assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
     let n_blocks = cols / 32;
     let group_bytes = n_blocks * F::FIELDS.group_block();
     assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");

@@ -206,7 +206,7 @@ unsafe fn pass<T: Float, const NR: usize, const NA: usize, const H: usize>(
 /// accumulators per pass. Result `[i][j]` is row `i` · activation `j`.
 #[inline(always)]
 unsafe fn tile<T: Float, const NR: usize, const NA: usize, const H: usize>(n: usize, w: [*const u8; NR], a: [*const u8; NA]) -> [[f32; NA]; NR] {
-    const { assert!(T::HALVES % H == 0 && H % 2 == 0) };
+    const { assert!(T::HALVES % H == 0 && H.is_multiple_of(2)) };
     let np = n - n % (8 * T::HALVES);
     // Every output's first `T::HALVES` entries are written by the passes; the rest stay
     // unused (left uninitialised: zeroing them costs as much as a short row).

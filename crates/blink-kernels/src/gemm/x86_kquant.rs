@@ -379,7 +379,7 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
     n_act: usize,
     out: Out,
 ) {
-    assert!(cols % 256 == 0, "k-quant rows are whole super-blocks");
+    assert!(cols.is_multiple_of(256), "k-quant rows are whole super-blocks");
     let nb = cols / 256;
     let rb = nb * K::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");

@@ -71,7 +71,7 @@ pub fn vec_dot_type(weight: GgmlType) -> GgmlType {
 /// Bytes of a row of `n` elements of `ty`. Panics if `n` is not a whole number of blocks.
 fn row_bytes(ty: GgmlType, n: usize) -> usize {
     assert!(
-        n % ty.block_size() == 0,
+        n.is_multiple_of(ty.block_size()),
         "{n} elements are not a whole number of {ty} blocks"
     );
     n / ty.block_size() * ty.type_size()
@@ -83,7 +83,7 @@ fn row_bytes(ty: GgmlType, n: usize) -> usize {
 /// Panics if `src.len()` is not a multiple of `ty.type_size()` or `dst` is shorter than `n`.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     assert!(
-        src.len() % ty.type_size() == 0,
+        src.len().is_multiple_of(ty.type_size()),
         "{} bytes are not a whole number of {ty} blocks",
         src.len()
     );
@@ -228,7 +228,7 @@ pub fn accumulate_block(ty: GgmlType, w: &[u8], a: &[u8], acc: &mut DotAcc) {
 /// front of `dst`.
 pub fn quantize_weights(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let block = ty.block_size();
-    if src.len() % block != 0 {
+    if !src.len().is_multiple_of(block) {
         return Err(QuantError::PartialBlock {
             ty,
             len: src.len(),
