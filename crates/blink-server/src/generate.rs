@@ -124,6 +124,20 @@ impl Generation {
         })
     }
 
+    /// Read the whole generation (for a non-streaming response): all its text, its tokens
+    /// (when log-probabilities were asked for) and how it ended.
+    pub async fn collect(mut self) -> Result<(String, Vec<TokenOut>, End), ApiError> {
+        let (mut text, mut tokens) = (String::new(), Vec::new());
+        while let Some(piece) = self.next().await? {
+            text.push_str(&piece.text);
+            tokens.extend(piece.tokens);
+            if let Some(end) = piece.end {
+                return Ok((text, tokens, end));
+            }
+        }
+        Err(ApiError::internal("the generation ended without finishing"))
+    }
+
     /// The next released text; `Ok(None)` after the piece that carried the end.
     pub async fn next(&mut self) -> Result<Option<Piece>, ApiError> {
         loop {

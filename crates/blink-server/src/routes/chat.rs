@@ -26,22 +26,14 @@ pub async fn chat(State(app): State<App>, body: Body) -> Result<Response, ApiErr
     let prompt = ready.chat_prompt(&req.messages)?;
     let meta = Meta { id: new_id("chatcmpl-"), created: unix_now(), model: ready.model_id.clone() };
     let logprobs = req.common.logprobs.is_some();
-    let mut gen = Generation::start(app.clone(), ready.clone(), prompt, &req.common, started)?;
+    let gen = Generation::start(app.clone(), ready.clone(), prompt, &req.common, started)?;
     if req.common.stream {
         let shape = ChatStream { meta, logprobs, include_usage: req.common.include_usage };
         return Ok(stream::respond(gen, shape));
     }
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    while let Some(piece) = gen.next().await? {
-        text.push_str(&piece.text);
-        tokens.extend(piece.tokens);
-        if let Some(end) = piece.end {
-            let lp = logprobs.then(|| chat_logprobs(&ready.tokenizer, &tokens));
-            return Ok(json_response(&chat_completion(&meta, &text, end.finish, &end.usage, lp)).into_response());
-        }
-    }
-    Err(ApiError::internal("the generation ended without finishing"))
+    let (text, tokens, end) = gen.collect().await?;
+    let lp = logprobs.then(|| chat_logprobs(&ready.tokenizer, &tokens));
+    Ok(json_response(&chat_completion(&meta, &text, end.finish, &end.usage, lp)).into_response())
 }
 
 struct ChatStream {

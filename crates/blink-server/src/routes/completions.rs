@@ -36,23 +36,15 @@ pub async fn completions(State(app): State<App>, body: Body) -> Result<Response,
     };
     let meta = Meta { id: new_id("cmpl-"), created: unix_now(), model: ready.model_id.clone() };
     let logprobs = req.common.logprobs.is_some();
-    let mut gen = Generation::start(app.clone(), ready.clone(), prompt, &req.common, started)?;
+    let gen = Generation::start(app.clone(), ready.clone(), prompt, &req.common, started)?;
     if req.common.stream {
         let shape = CompletionStream { meta, logprobs, include_usage: req.common.include_usage };
         return Ok(stream::respond(gen, shape));
     }
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    while let Some(piece) = gen.next().await? {
-        text.push_str(&piece.text);
-        tokens.extend(piece.tokens);
-        if let Some(end) = piece.end {
-            let lp = logprobs.then(|| completion_logprobs(&ready.tokenizer, &tokens));
-            let body = completion(&meta, &text, Some(end.finish), lp, Some(&end.usage), false);
-            return Ok(json_response(&body).into_response());
-        }
-    }
-    Err(ApiError::internal("the generation ended without finishing"))
+    let (text, tokens, end) = gen.collect().await?;
+    let lp = logprobs.then(|| completion_logprobs(&ready.tokenizer, &tokens));
+    let body = completion(&meta, &text, Some(end.finish), lp, Some(&end.usage), false);
+    Ok(json_response(&body).into_response())
 }
 
 struct CompletionStream {
