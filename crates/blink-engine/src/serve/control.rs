@@ -63,8 +63,9 @@ pub(super) struct Control {
     index: Vec<usize>,
     /// Prompt rows planned for the next step, and their sequences.
     pub(super) planned: Vec<StepRow>,
-    /// Events of the last step, sent beside the next one.
-    pub(super) outbox: Vec<(UnboundedSender<Event>, Event)>,
+    /// Events of the last step for the sequences with these cache ids, sent beside the next
+    /// step (the sequences are still running then: they are released after the sends).
+    pub(super) outbox: Vec<(SeqId, Event)>,
     /// Set when told to stop, or when every handle is gone and nothing is left to do.
     pub(super) stop: bool,
     disconnected: bool,
@@ -133,8 +134,8 @@ impl Control {
     }
 
     fn send_events(&mut self) {
-        for (to, event) in self.outbox.drain(..) {
-            let _ = to.send(event);
+        for (kv, event) in self.outbox.drain(..) {
+            let _ = self.running[self.index[kv]].events.send(event);
         }
     }
 

@@ -159,7 +159,7 @@ impl Scheduler {
                 continue;
             }
             let logprobs = seq.logprobs.map(|top| token_logprobs(logits, token, top));
-            ctl.outbox.push((seq.events.clone(), Event::Token { id: token, logprobs }));
+            ctl.outbox.push((seq.kv, Event::Token { id: token, logprobs }));
             seq.tokens.push(token);
             seq.generated += 1;
             if seq.generated >= seq.max_tokens || seq.tokens.len() >= ctl.cfg.max_seq_len {
@@ -180,7 +180,7 @@ impl Scheduler {
             let seq = &mut ctl.running[i];
             if seq.done.is_none() {
                 seq.done = Some(FinishReason::Stop);
-                ctl.outbox.push((seq.events.clone(), Event::Failed(msg.clone())));
+                ctl.outbox.push((seq.kv, Event::Failed(msg.clone())));
             }
         }
         for seq in &mut ctl.running {
