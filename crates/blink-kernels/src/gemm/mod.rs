@@ -46,6 +46,23 @@ pub struct Out {
     pub accumulate: bool,
 }
 
+/// Write (or add) the first `live` of a tile row's `vals` at `o`: the edge of a matrix
+/// whose row count is not a multiple of the tile's.
+///
+/// # Safety
+/// `o` must be valid for `live` reads and writes.
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+#[inline]
+pub(crate) unsafe fn store_live(o: *mut f32, vals: &[f32], live: usize, accumulate: bool) {
+    for (i, &x) in vals.iter().enumerate().take(live) {
+        if accumulate {
+            *o.add(i) += x;
+        } else {
+            *o.add(i) = x;
+        }
+    }
+}
+
 /// The layout `isa`'s kernels want for `ty`, and the repacked bytes if that is not the
 /// file's row-major layout.
 pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8>> {

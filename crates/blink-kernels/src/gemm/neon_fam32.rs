@@ -174,13 +174,7 @@ unsafe fn tile<F: Fam32, const RA: usize>(
         } else {
             let mut vals = [0f32; HALF];
             vst1q_f32(vals.as_mut_ptr(), v);
-            for (i, &x) in vals.iter().enumerate().take(live) {
-                if accumulate {
-                    *o.add(i) += x;
-                } else {
-                    *o.add(i) = x;
-                }
-            }
+            super::store_live(o, &vals, live, accumulate);
         }
     }
 }

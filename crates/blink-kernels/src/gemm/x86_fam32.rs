@@ -244,13 +244,7 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
         } else {
             let mut vals = [0f32; GROUP];
             _mm256_storeu_ps(vals.as_mut_ptr(), v);
-            for (i, &x) in vals.iter().enumerate().take(live) {
-                if accumulate {
-                    *o.add(i) += x;
-                } else {
-                    *o.add(i) = x;
-                }
-            }
+            super::store_live(o, &vals, live, accumulate);
         }
     }
 }
