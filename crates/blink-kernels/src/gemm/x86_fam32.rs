@@ -173,6 +173,7 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     w: *const u8,
     a: *const u8,
     a_stride: usize,
+    scales_f32: *const f32,
     out: *mut f32,
     ld: usize,
     accumulate: bool,
@@ -191,13 +192,14 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
         let dw = f16x8(gb);
         let mut scales = [_mm256_setzero_ps(); RA];
         let mut aq = [std::ptr::null::<u8>(); RA];
+        let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
         for j in 0..RA {
             let ab = a.add(j * a_stride + b * F::ACT_BYTES);
             aq[j] = ab.add(F::ACT_QS);
-            scales[j] = _mm256_mul_ps(dw, _mm256_set1_ps(f16_at(ab)));
+            let sc = scales_f32.add(2 * (j * n_blocks + b));
+            scales[j] = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*sc));
             if has_min {
-                let mw = f16x8(gb.add(m_at));
-                tail[j] = _mm256_add_ps(tail[j], _mm256_mul_ps(mw, _mm256_set1_ps(f16_at(ab.add(2)))));
+                tail[j] = _mm256_add_ps(tail[j], _mm256_mul_ps(mw, _mm256_broadcast_ss(&*sc.add(1))));
             }
             if F::OFFSET != 0 {
                 // −OFFSET · Σa per lane, broadcast below from memory as the starting sum.
@@ -274,22 +276,48 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape>(cols: usize, w: &[u8], rows: Range<
     let group_bytes = n_blocks * F::FIELDS.group_block();
     assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + n_blocks * F::ACT_BYTES, "activations too short");
+    // Taken out and put back (no closure: it would not inherit this function's target
+    // features, and the kernels would not inline).
+    let mut scales = ACT_SCALES.take();
+    scales.clear();
+    for j in 0..n_act {
+        for b in 0..n_blocks {
+            let ab = act.as_ptr().add(j * act_stride + b * F::ACT_BYTES);
+            let s = if F::FIELDS.m.is_some() { f16_at(ab.add(2)) } else { 0.0 };
+            scales.extend_from_slice(&[f16_at(ab), s]);
+        }
+    }
+    groups::<F, D>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, out);
+    ACT_SCALES.set(scales);
+}
+
+thread_local! {
+    /// Each activation row's block scales (`d`, and `s` for `Q8_1`) as f32, converted once
+    /// per product instead of once per weight group; reused, so steady state does not
+    /// allocate.
+    static ACT_SCALES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The tiles of every weight group in `rows`.
+#[inline(always)]
+unsafe fn groups<F: Fam32, D: DotU8I8 + Shape>(n_blocks: usize, group_bytes: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, scales: &[f32], out: Out) {
     for g in (rows.start..rows.end).step_by(GROUP) {
         let live = (rows.end - g).min(GROUP);
         let wg = w.as_ptr().add(g / GROUP * group_bytes);
         let ot = |j: usize| out.ptr.add(j * out.ld + g);
         let at = |j: usize| act.as_ptr().add(j * act_stride);
+        let st = |j: usize| scales.as_ptr().add(2 * j * n_blocks);
         let mut j = 0;
         while D::WIDE > 1 && n_act - j >= D::WIDE {
             match D::WIDE {
-                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, ot(j), out.ld, out.accumulate, live),
-                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, ot(j), out.ld, out.accumulate, live),
-                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, ot(j), out.ld, out.accumulate, live),
+                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live),
+                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live),
+                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live),
             }
             j += D::WIDE;
         }
         while j < n_act {
-            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live);
             j += 1;
         }
     }
