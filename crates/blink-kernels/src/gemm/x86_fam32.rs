@@ -178,6 +178,7 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     ld: usize,
     accumulate: bool,
     live: usize,
+    next_group: *const u8,
 ) {
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
@@ -189,6 +190,9 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     let ones = _mm256_set1_epi8(1);
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
+        if !next_group.is_null() {
+            prefetch(next_group.add(b * group_block), group_block);
+        }
         let dw = f16x8(gb);
         let mut scales = [_mm256_setzero_ps(); RA];
         let mut aq = [std::ptr::null::<u8>(); RA];
@@ -307,19 +311,33 @@ unsafe fn groups<F: Fam32, D: DotU8I8 + Shape>(n_blocks: usize, group_bytes: usi
         let ot = |j: usize| out.ptr.add(j * out.ld + g);
         let at = |j: usize| act.as_ptr().add(j * act_stride);
         let st = |j: usize| scales.as_ptr().add(2 * j * n_blocks);
+        // The first tile of a group prefetches the next group: the other tiles compute
+        // from cache while it streams in. (A lone tile is left to the hardware prefetcher:
+        // measured no better with it.)
+        let mut next_group = if n_act > D::WIDE && g + GROUP < rows.end { wg.add(group_bytes) } else { std::ptr::null() };
         let mut j = 0;
         while D::WIDE > 1 && n_act - j >= D::WIDE {
             match D::WIDE {
-                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live),
-                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live),
-                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live),
+                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live, next_group),
+                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live, next_group),
+                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live, next_group),
             }
+            next_group = std::ptr::null();
             j += D::WIDE;
         }
         while j < n_act {
-            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live);
+            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live, next_group);
+            next_group = std::ptr::null();
             j += 1;
         }
+    }
+}
+
+/// Ask for the `len` bytes at `p` to be brought into L1.
+#[inline(always)]
+unsafe fn prefetch(p: *const u8, len: usize) {
+    for off in (0..len).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
     }
 }
 
