@@ -1,0 +1,81 @@
+//! Dev tool: packed GEMM speed on the best kernel path, with the weights in cache (one
+//! matrix reused) against streamed from memory (100 copies in turn, or the 28 MB output
+//! matrix). `cargo run --release -p blink-kernels --example gemm_stream`
+use blink_gguf::GgmlType;
+use blink_kernels::cpu::Isa;
+use blink_kernels::gemm::{gemm, prepare, Layout, Out};
+use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 20001) as f32 / 10000.0 - 1.0
+        })
+        .collect()
+}
+
+fn main() {
+    let isa = Isa::best();
+    let cols = 576;
+    for (ty, rows, copies) in [
+        (GgmlType::Q4_1, 1536, 1),
+        (GgmlType::Q4_1, 1536, 100),
+        (GgmlType::Q8_0, 1536, 1),
+        (GgmlType::Q8_0, 49152, 1),
+    ] {
+        let mut w = vec![0u8; ty.row_bytes((rows * cols) as u64).unwrap() as usize];
+        quantize_weights(ty, &values(rows * cols, 1), &mut w).unwrap();
+        let packed: Vec<Vec<u8>> = (0..copies)
+            .map(|_| prepare(isa, ty, rows, cols, &w).expect("a SIMD path that packs"))
+            .collect();
+        let act_ty = vec_dot_type(ty);
+        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
+        for n_act in [1usize, 16] {
+            let mut act = vec![0u8; n_act * stride];
+            let x = values(n_act * cols, 2);
+            for r in 0..n_act {
+                quantize_row(
+                    act_ty,
+                    &x[r * cols..(r + 1) * cols],
+                    &mut act[r * stride..(r + 1) * stride],
+                );
+            }
+            let mut out = vec![0f32; n_act * rows];
+            let reps = (2_000_000_000 / (rows * cols * n_act)).max(copies * 3);
+            let mut times = vec![];
+            for _ in 0..5 {
+                let t = std::time::Instant::now();
+                for i in 0..reps {
+                    unsafe {
+                        gemm(
+                            isa,
+                            ty,
+                            Layout::Packed,
+                            cols,
+                            &packed[i % copies],
+                            0..rows,
+                            &act,
+                            stride,
+                            n_act,
+                            Out {
+                                ptr: out.as_mut_ptr(),
+                                ld: rows,
+                                accumulate: false,
+                            },
+                        )
+                    }
+                }
+                times.push((rows * cols * n_act * reps) as f64 / t.elapsed().as_secs_f64() / 1e9);
+            }
+            times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            println!(
+                "{ty} rows {rows} copies {copies} n_act {n_act}: {:.1} GMAC/s (median of 5)",
+                times[2]
+            );
+        }
+    }
+}
