@@ -13,6 +13,7 @@
 //! defines the results; the SIMD kernels equal it bit for bit.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::cpu::Isa;
 use crate::quant::reduce::dot_lanes16;
@@ -49,6 +50,8 @@ pub trait CacheElem: Copy + Send + Sync + 'static {
     const HALF: bool;
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
+    /// `dst[i] = from_f32(src[i])`, converted in bulk (SIMD where the CPU has it).
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]);
 }
 
 impl CacheElem for f16 {
@@ -61,6 +64,10 @@ impl CacheElem for f16 {
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
     }
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src);
+    }
 }
 
 impl CacheElem for f32 {
@@ -72,6 +79,10 @@ impl CacheElem for f32 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
+    }
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
     }
 }
 
@@ -87,7 +98,17 @@ fn round<T: CacheElem>(v: f32) -> f32 {
 
 /// Prepare a query head for [`attend`]: rounded to the cache's precision.
 pub fn prepare_query<T: CacheElem>(q: &[f32], out: &mut [f32]) {
-    out.iter_mut().zip(q).for_each(|(o, &v)| *o = round::<T>(v));
+    if !T::HALF {
+        out.copy_from_slice(q);
+        return;
+    }
+    // Through f16 and back in bulk, a stack chunk at a time.
+    let mut half = [f16::ZERO; 64];
+    for (q, out) in q.chunks(half.len()).zip(out.chunks_mut(half.len())) {
+        let half = &mut half[..q.len()];
+        half.convert_from_f32_slice(q);
+        half.convert_to_f32_slice(out);
+    }
 }
 
 /// Attend `q` (from [`prepare_query`]) over `n` positions whose keys and values are

@@ -397,12 +397,8 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             for h in 0..kr.len() {
                 let at = me.layout.offset(layer, block, h, slot);
                 unsafe {
-                    let kd = me.kc.slice_mut(at..at + hd);
-                    let vd = me.vc.slice_mut(at..at + hd);
-                    for d in 0..hd {
-                        kd[d] = T::from_f32(k[h * hd + d]);
-                        vd[d] = T::from_f32(v[h * hd + d]);
-                    }
+                    T::from_f32_slice(&k[h * hd..(h + 1) * hd], me.kc.slice_mut(at..at + hd));
+                    T::from_f32_slice(&v[h * hd..(h + 1) * hd], me.vc.slice_mut(at..at + hd));
                 }
             }
         }
