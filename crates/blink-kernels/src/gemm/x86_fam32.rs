@@ -74,16 +74,21 @@ unsafe fn fifth_bits(qh: *const u8) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(16))
 }
 
-/// Lanes `l` and `l + 4` of eight rows as unsigned bytes (`q + OFFSET`), or as signed
-/// bytes for `SIGNED` formats.
+/// Lanes `l` and `l + 4` of eight rows as unsigned bytes (`q + offset`), or as signed
+/// bytes for `SIGNED` formats when `signed`.
 #[inline(always)]
-unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize) -> (__m256i, __m256i) {
+unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize, signed: bool) -> (__m256i, __m256i) {
     let (_, qh_at, qs_at) = F::FIELDS.packed_offsets();
     if F::FIELDS.bits == 8 {
-        // Signed, as stored (see `Fam32::SIGNED`).
+        // Signed, as stored (see `Fam32::SIGNED`), or made unsigned (`q + 128`) by
+        // flipping the sign bit.
         let lo = _mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i);
         let hi = _mm256_loadu_si256(gb.add(qs_at + 32 * (l + 4)) as *const __m256i);
-        return (lo, hi);
+        if signed {
+            return (lo, hi);
+        }
+        let flip = _mm256_set1_epi8(i8::MIN);
+        return (_mm256_xor_si256(lo, flip), _mm256_xor_si256(hi, flip));
     }
     let raw = _mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i);
     let mask = _mm256_set1_epi8(0x0f);
@@ -98,6 +103,9 @@ unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize) -> (__m256i, __m256i) 
 
 /// Lane sums of unsigned × signed bytes: lane `l` = Σ u[k]·s[k] for k in 4l..4l+4.
 pub(super) trait DotU8I8 {
+    /// Whether 8-bit formats use the sign trick ([`Fam32::SIGNED`]) rather than being
+    /// made unsigned (`q + 128`) with a precomputed `−128 · Σa` per lane.
+    const SIGN_TRICK: bool;
     /// Any unsigned values.
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
     /// Unsigned values below 128.
@@ -123,6 +131,8 @@ pub(super) struct Vnni;
 pub(super) struct Avx2;
 
 impl DotU8I8 for Vnni {
+    // `dpbusd` takes any unsigned byte, so the offset costs one broadcast load per lane.
+    const SIGN_TRICK: bool = false;
     #[inline(always)]
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
@@ -140,6 +150,8 @@ impl DotU8I8 for Vnni {
 }
 
 impl DotU8I8 for Avx2 {
+    // Unsigned bytes of 128 and more would need `dot`'s split.
+    const SIGN_TRICK: bool = true;
     #[inline(always)]
     unsafe fn dot_small(u: __m256i, s: __m256i) -> __m256i {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
@@ -165,6 +177,17 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
+/// How the kernel reads `F` on `D`: (signed quants with the sign trick, offset added to
+/// make them unsigned, unsigned values all below 128).
+#[inline(always)]
+const fn unsigned_form<F: Fam32, D: DotU8I8>() -> (bool, i32, bool) {
+    if F::SIGNED && !D::SIGN_TRICK {
+        (false, 128, false)
+    } else {
+        (F::SIGNED, F::OFFSET, F::SMALL)
+    }
+}
+
 /// One tile: the eight rows of a packed group × `RA` activation rows. Writes the rows
 /// below `live`.
 #[inline(always)]
@@ -174,6 +197,7 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     a: *const u8,
     a_stride: usize,
     scales_f32: *const f32,
+    offsets: *const i32,
     out: *mut f32,
     ld: usize,
     accumulate: bool,
@@ -186,8 +210,7 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     let has_min = fields.m.is_some();
     let mut acc = [[_mm256_setzero_ps(); 8]; RA];
     let mut tail = [_mm256_setzero_ps(); RA];
-    let mut offsets = [[0i32; 8]; RA];
-    let ones = _mm256_set1_epi8(1);
+    let (signed, offset, small) = unsigned_form::<F, D>();
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
         if !next_group.is_null() {
@@ -205,28 +228,23 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
             if has_min {
                 tail[j] = _mm256_add_ps(tail[j], _mm256_mul_ps(mw, _mm256_broadcast_ss(&*sc.add(1))));
             }
-            if F::OFFSET != 0 {
-                // −OFFSET · Σa per lane, broadcast below from memory as the starting sum.
-                let sums = D::dot_small(ones, _mm256_loadu_si256(aq[j] as *const __m256i));
-                let shifted = _mm256_sllv_epi32(sums, _mm256_set1_epi32(F::OFFSET.trailing_zeros() as i32));
-                let negated = _mm256_sub_epi32(_mm256_setzero_si256(), shifted);
-                _mm256_storeu_si256(offsets[j].as_mut_ptr() as *mut __m256i, negated);
-            }
         }
         for l in 0..4 {
-            let (w_lo, w_hi) = unpack_lanes::<F>(gb, l);
-            let (m_lo, m_hi) = if F::SIGNED { (_mm256_abs_epi8(w_lo), _mm256_abs_epi8(w_hi)) } else { (w_lo, w_hi) };
+            let (w_lo, w_hi) = unpack_lanes::<F>(gb, l, signed);
+            let (m_lo, m_hi) = if signed { (_mm256_abs_epi8(w_lo), _mm256_abs_epi8(w_hi)) } else { (w_lo, w_hi) };
             for j in 0..RA {
                 for (lane, wv, mag) in [(l, w_lo, m_lo), (l + 4, w_hi, m_hi)] {
                     let a4 = _mm256_set1_epi32((aq[j].add(4 * lane) as *const i32).read_unaligned());
-                    if F::SIGNED {
+                    if signed {
                         let sums = D::dot_small(mag, _mm256_sign_epi8(a4, wv));
                         acc[j][lane] = _mm256_fmadd_ps(scales[j], _mm256_cvtepi32_ps(sums), acc[j][lane]);
                         continue;
                     }
-                    let sums = match (F::OFFSET != 0, F::SMALL) {
-                        (true, true) => D::dot_small_from(_mm256_set1_epi32(offsets[j][lane]), wv, a4),
-                        (true, false) => D::dot_from(_mm256_set1_epi32(offsets[j][lane]), wv, a4),
+                    // −offset · Σa of this lane, the starting sum.
+                    let start = || _mm256_set1_epi32(*offsets.add(8 * (j * n_blocks + b) + lane));
+                    let sums = match (offset != 0, small) {
+                        (true, true) => D::dot_small_from(start(), wv, a4),
+                        (true, false) => D::dot_from(start(), wv, a4),
                         (false, true) => D::dot_small(wv, a4),
                         (false, false) => D::dot(wv, a4),
                     };
@@ -291,8 +309,25 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape>(cols: usize, w: &[u8], rows: Range<
             scales.extend_from_slice(&[f16_at(ab), s]);
         }
     }
-    groups::<F, D>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, out);
+    let mut offsets = ACT_OFFSETS.take();
+    offsets.clear();
+    let (_, offset, _) = unsigned_form::<F, D>();
+    if offset != 0 {
+        // −offset · Σa per lane of four, for every activation row and block.
+        offsets.resize(n_act * n_blocks * 8, 0);
+        let shift = _mm256_set1_epi32(offset.trailing_zeros() as i32);
+        for j in 0..n_act {
+            for b in 0..n_blocks {
+                let q = act.as_ptr().add(j * act_stride + b * F::ACT_BYTES + F::ACT_QS);
+                let sums = D::dot_small(_mm256_set1_epi8(1), _mm256_loadu_si256(q as *const __m256i));
+                let negated = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_sllv_epi32(sums, shift));
+                _mm256_storeu_si256(offsets.as_mut_ptr().add(8 * (j * n_blocks + b)) as *mut __m256i, negated);
+            }
+        }
+    }
+    groups::<F, D>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, &offsets, out);
     ACT_SCALES.set(scales);
+    ACT_OFFSETS.set(offsets);
 }
 
 thread_local! {
@@ -300,17 +335,21 @@ thread_local! {
     /// per product instead of once per weight group; reused, so steady state does not
     /// allocate.
     static ACT_SCALES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// Each activation row's `−offset · Σa` per lane and block, for unsigned forms with an
+    /// offset; likewise reused.
+    static ACT_OFFSETS: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// The tiles of every weight group in `rows`.
 #[inline(always)]
-unsafe fn groups<F: Fam32, D: DotU8I8 + Shape>(n_blocks: usize, group_bytes: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, scales: &[f32], out: Out) {
+unsafe fn groups<F: Fam32, D: DotU8I8 + Shape>(n_blocks: usize, group_bytes: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, scales: &[f32], offsets: &[i32], out: Out) {
     for g in (rows.start..rows.end).step_by(GROUP) {
         let live = (rows.end - g).min(GROUP);
         let wg = w.as_ptr().add(g / GROUP * group_bytes);
         let ot = |j: usize| out.ptr.add(j * out.ld + g);
         let at = |j: usize| act.as_ptr().add(j * act_stride);
         let st = |j: usize| scales.as_ptr().add(2 * j * n_blocks);
+        let ofs = |j: usize| if offsets.is_empty() { std::ptr::null() } else { offsets.as_ptr().add(8 * j * n_blocks) };
         // The first tile of a group prefetches the next group: the other tiles compute
         // from cache while it streams in. (A lone tile is left to the hardware prefetcher:
         // measured no better with it.)
@@ -318,15 +357,15 @@ unsafe fn groups<F: Fam32, D: DotU8I8 + Shape>(n_blocks: usize, group_bytes: usi
         let mut j = 0;
         while D::WIDE > 1 && n_act - j >= D::WIDE {
             match D::WIDE {
-                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live, next_group),
-                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live, next_group),
-                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live, next_group),
+                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, next_group),
+                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, next_group),
+                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, next_group),
             }
             next_group = std::ptr::null();
             j += D::WIDE;
         }
         while j < n_act {
-            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, st(j), ot(j), out.ld, out.accumulate, live, next_group);
+            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, next_group);
             next_group = std::ptr::null();
             j += 1;
         }
