@@ -1,6 +1,7 @@
 //! The continuous-batching engine on the real model: every request in a crowded batch gets
 //! exactly the tokens it gets alone, with each step built while the previous one computes;
-//! cancelled requests free their cache; shared prefixes are reused.
+//! cancelled requests free their cache; shared prefixes are reused, to the token, with the
+//! same results as computing them.
 
 use std::sync::Arc;
 
@@ -108,6 +109,48 @@ fn cancelled_requests_free_their_cache_and_prefixes_are_reused() {
     }
     drop(c);
     settled(&engine);
+}
+
+#[test]
+fn prefixes_are_reused_to_the_token_with_the_same_results() {
+    let (model, tok) = model();
+    let solo = |prompt: &[u32], n: usize| {
+        let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
+        let params = GenerateParams { max_tokens: Some(n), sampling: SamplingParams::greedy(), ..Default::default() };
+        s.generate(&tok, prompt, &params, &mut |_| {}).unwrap().tokens
+    };
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    let run = |prompt: &[u32]| {
+        let mut sub = engine.submit(greedy(prompt.to_vec(), 12)).unwrap();
+        let (tokens, _, cached) = collect(&mut sub);
+        settled(&engine);
+        (tokens, cached)
+    };
+    let first = tok.encode("The history of the bicycle begins in the early nineteenth century, when inventors in Europe tried to build a machine that a person could ride without a horse, and", false, true);
+    assert!(first.len() % 16 != 0 && first.len() > 16, "the prompt should end inside a block: {}", first.len());
+    let (reply, cached) = run(&first);
+    assert_eq!((reply.clone(), cached), (solo(&first, 12), 0));
+
+    // The same prompt again: everything but the last token comes from the cache, the tail
+    // of the last block copied from the first request's.
+    assert_eq!(run(&first), (reply.clone(), first.len() - 1));
+
+    // Diverging inside a block: the common tokens are reused, the rest computed.
+    let mut other = first.clone();
+    let split = first.len() - 3;
+    other.truncate(split);
+    other.extend(tok.encode(" a German baron rode a wooden", false, false));
+    let (tokens, cached) = run(&other);
+    assert_eq!(cached, split);
+    assert_eq!(tokens, solo(&other, 12));
+
+    // A next turn: the first request's prompt and reply were published when it finished.
+    let mut next = first.clone();
+    next.extend(&reply);
+    next.extend(tok.encode(" Tell me more.", false, false));
+    let (tokens, cached) = run(&next);
+    assert_eq!(cached, first.len() + reply.len() - 1, "the reply's last token was never fed back, so it is not cached");
+    assert_eq!(tokens, solo(&next, 12));
 }
 
 /// Wait until the engine has nothing running and holds no cache blocks (stats are published

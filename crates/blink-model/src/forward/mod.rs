@@ -70,7 +70,8 @@ impl Model {
     /// are not in this step (the pass reads the block tables as they were when the step
     /// started). On a detached pool ([`NodePool::detached`]) the two overlap; otherwise
     /// `beside` runs first. Returns its result and the pass's duration. On an error
-    /// nothing has run, `beside` included.
+    /// nothing has run, `beside` included. Slot copies owed to sequences that attached a
+    /// cached prefix are made first.
     pub fn forward_beside<R>(
         &self,
         pool: &NodePool,
@@ -79,6 +80,7 @@ impl Model {
         scratch: &mut Scratch,
         beside: impl FnOnce(&mut KvBlocks) -> R,
     ) -> Result<(R, Duration), ForwardError> {
+        kv.apply_copies();
         if pool.n_nodes() != self.parts.len() || (0..pool.n_nodes()).any(|n| pool.threads_in_node(n).unwrap_or(0) > scratch.n_threads()) {
             return Err(ForwardError::PoolMismatch);
         }

@@ -20,11 +20,23 @@ struct SeqBlocks {
     len: usize,
 }
 
+/// Leading slots of a cached block to copy into a block a sequence owns, before the
+/// sequence's next step: how a prefix that ends inside a block is reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotCopy {
+    pub seq: SeqId,
+    pub src: u32,
+    pub dst: u32,
+    pub slots: usize,
+}
+
 /// The block pool and every sequence's block table.
 pub struct KvBlocks {
     n_blocks: usize,
     pool: BlockPool,
     seqs: Vec<Option<SeqBlocks>>,
+    /// Copies owed before the next pass; each pins its source block until done.
+    copies: Vec<SlotCopy>,
 }
 
 /// Copies of some sequences' block tables, as they were when a step was prepared.
@@ -80,7 +92,7 @@ impl TableSnapshot {
 
 impl KvBlocks {
     pub(super) fn new(n_blocks: usize) -> KvBlocks {
-        KvBlocks { n_blocks, pool: BlockPool::new(n_blocks), seqs: Vec::new() }
+        KvBlocks { n_blocks, pool: BlockPool::new(n_blocks), seqs: Vec::new(), copies: Vec::new() }
     }
 
     /// Total blocks in the pool.
@@ -114,12 +126,34 @@ impl KvBlocks {
         }
     }
 
-    /// Release a sequence and its blocks (published ones stay cached for reuse).
+    /// Release a sequence and its blocks (published ones stay cached for reuse), and drop
+    /// the copies it was owed.
     pub fn free_seq(&mut self, id: SeqId) {
         if let Some(seq) = self.seqs.get_mut(id).and_then(Option::take) {
             for &b in seq.table.iter().rev() {
                 self.pool.release(b);
             }
+        }
+        let mut i = 0;
+        while i < self.copies.len() {
+            if self.copies[i].seq == id {
+                let c = self.copies.swap_remove(i);
+                self.pool.release(c.src);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// The slot copies owed before the next pass ([`super::KvCache::apply_copies`]).
+    pub fn pending_copies(&self) -> &[SlotCopy] {
+        &self.copies
+    }
+
+    /// The owed copies are done: unpin their sources.
+    pub(super) fn copies_done(&mut self) {
+        for c in self.copies.drain(..) {
+            self.pool.release(c.src);
         }
     }
 
@@ -180,37 +214,51 @@ impl KvBlocks {
         Ok(())
     }
 
-    /// Attach to the empty sequence `id` the cached blocks that hold a prefix of `tokens`,
-    /// leaving at least one token to compute. Returns how many tokens were attached.
+    /// Attach to the empty sequence `id` what the prefix cache holds of a prefix of
+    /// `tokens`, leaving at least the last token to compute. Whole cached blocks are shared;
+    /// where the match ends inside a block, the matching leading slots of a cached block
+    /// are copied into a fresh block of `id` before its next step ([`SlotCopy`]). Returns
+    /// how many tokens were attached.
     pub fn attach_prefix(&mut self, id: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
         if self.seq(id)?.len != 0 {
             return Ok(0);
         }
-        let usable = tokens.len().saturating_sub(1) / BLOCK_TOKENS;
-        let mut hash = 0;
-        let mut attached = 0;
-        for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(usable) {
-            hash = chain_hash(hash, chunk);
-            let Some(b) = self.pool.lookup(hash, chunk) else { break };
+        let usable = &tokens[..tokens.len().saturating_sub(1)];
+        let seq = self.seqs[id].as_mut().expect("checked above");
+        let mut parent = 0;
+        for chunk in usable.chunks_exact(BLOCK_TOKENS) {
+            let Some(b) = self.pool.lookup(parent, chunk) else { break };
             self.pool.retain(b);
-            let seq = self.seqs[id].as_mut().expect("checked above");
             seq.table.push(b);
             seq.len += BLOCK_TOKENS;
-            attached += BLOCK_TOKENS;
+            parent = chain_hash(parent, chunk);
         }
-        Ok(attached)
+        let rest = &usable[seq.len..];
+        if let Some((src, slots)) = self.pool.lookup_partial(parent, &rest[..rest.len().min(BLOCK_TOKENS)]) {
+            // Pinned until copied, so that the allocation below cannot evict it.
+            self.pool.retain(src);
+            match self.pool.alloc() {
+                Some(dst) => {
+                    seq.table.push(dst);
+                    seq.len += slots;
+                    self.copies.push(SlotCopy { seq: id, src, dst, slots });
+                }
+                None => self.pool.release(src),
+            }
+        }
+        Ok(seq.len)
     }
 
-    /// Publish the full blocks of `id` whose tokens (`tokens`, the sequence so far) are
-    /// computed, so later sequences can attach them.
+    /// Publish the computed tokens of `id` (`tokens`, the sequence so far, of which the
+    /// cache holds the first `seq_len`), so later sequences can attach them: every full
+    /// block, and the leading slots of the last one.
     pub fn publish_prefix(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
-        let seq = self.seq(id)?;
-        let full = seq.len.min(tokens.len()) / BLOCK_TOKENS;
-        let mut hash = 0;
-        for (i, chunk) in tokens.chunks_exact(BLOCK_TOKENS).take(full).enumerate() {
-            hash = chain_hash(hash, chunk);
-            let b = self.seqs[id].as_ref().expect("checked above").table[i];
-            self.pool.publish(b, hash, chunk);
+        let seq = self.seqs.get(id).and_then(Option::as_ref).ok_or(KvError::UnknownSeq(id))?;
+        let known = &tokens[..seq.len.min(tokens.len())];
+        let mut parent = 0;
+        for (chunk, &b) in known.chunks(BLOCK_TOKENS).zip(&seq.table) {
+            self.pool.publish(b, parent, chunk);
+            parent = chain_hash(parent, chunk);
         }
         Ok(())
     }

@@ -6,9 +6,11 @@
 //! inside a block. Storage is f16 (as llama.cpp keeps it) or f32, and is zero-initialised
 //! lazily by the OS, so an unused budget costs address space, not memory.
 //!
-//! Full blocks of a prompt can be published to a prefix cache ([`pool`]); a later sequence
-//! starting with the same tokens attaches them instead of recomputing them. Shared blocks
-//! are only ever read: a sequence writes past its attached prefix, into its own blocks.
+//! A sequence's computed tokens can be published to a prefix cache ([`pool`]); a later
+//! sequence starting with the same tokens attaches them instead of recomputing them: whole
+//! blocks are shared, and where the match ends inside a block, its leading slots are copied
+//! into a block of the new sequence's own before its next step. Shared blocks are only
+//! ever read: a sequence writes past its attached prefix, into its own blocks.
 
 mod blocks;
 mod pool;
@@ -17,7 +19,7 @@ use blink_kernels::numa::{NumaError, Topology, Zeroable};
 
 use crate::memory::Storage;
 
-pub use blocks::{KvBlocks, SeqId, TableSnapshot};
+pub use blocks::{KvBlocks, SeqId, SlotCopy, TableSnapshot};
 
 use half::f16;
 use thiserror::Error;
@@ -106,6 +108,20 @@ pub struct KvStore<T: KvElem + Zeroable> {
     pub v: Storage<T>,
 }
 
+impl<T: KvElem + Zeroable> KvStore<T> {
+    /// Copy the first `slots` positions of block `src` into block `dst`, every layer and head.
+    fn copy_slots(&mut self, layout: &KvLayout, src: u32, dst: u32, slots: usize) {
+        let n = slots * layout.head_dim;
+        for layer in 0..layout.n_layers {
+            for head in 0..layout.n_kv_heads {
+                let (from, to) = (layout.offset(layer, src, head, 0), layout.offset(layer, dst, head, 0));
+                self.k.copy_within(from..from + n, to);
+                self.v.copy_within(from..from + n, to);
+            }
+        }
+    }
+}
+
 /// The storage, by element type.
 pub enum KvData {
     F16(KvStore<f16>),
@@ -174,6 +190,23 @@ impl KvCache {
         blocks::blocks_for(tokens)
     }
 
+    /// Make the slot copies that sequences attached to cached prefixes are owed (see
+    /// [`KvBlocks::attach_prefix`]). Run before each pass; a no-op when none are owed.
+    pub fn apply_copies(&mut self) {
+        if self.blocks.pending_copies().is_empty() {
+            return;
+        }
+        for c in self.blocks.pending_copies() {
+            for shard in &mut self.shards {
+                match &mut shard.data {
+                    KvData::F16(s) => s.copy_slots(&shard.layout, c.src, c.dst, c.slots),
+                    KvData::F32(s) => s.copy_slots(&shard.layout, c.src, c.dst, c.slots),
+                }
+            }
+        }
+        self.blocks.copies_done();
+    }
+
     /// The shards' layouts, in part order.
     pub fn layouts(&self) -> impl Iterator<Item = &KvLayout> {
         self.shards.iter().map(|s| &s.layout)
@@ -221,21 +254,31 @@ mod tests {
         let a = kv.new_seq();
         kv.grow(a, 40).unwrap();
         kv.publish_prefix(a, &prompt).unwrap();
-        // A second sequence with the same prompt attaches the two full blocks.
+        // A second sequence with the same prompt shares the two full blocks and is owed a
+        // copy of the third's first seven slots, the last token being left to compute.
         let b = kv.new_seq();
-        assert_eq!(kv.attach_prefix(b, &prompt).unwrap(), 32);
-        assert_eq!(kv.block_table(b).unwrap(), &kv.block_table(a).unwrap()[..2]);
-        assert_eq!(kv.seq_len(b).unwrap(), 32);
-        // A prompt of exactly two blocks keeps its last token to compute: one block attaches.
+        assert_eq!(kv.attach_prefix(b, &prompt).unwrap(), 39);
+        let (ta, tb) = (kv.block_table(a).unwrap().to_vec(), kv.block_table(b).unwrap().to_vec());
+        assert_eq!(tb[..2], ta[..2]);
+        assert_ne!(tb[2], ta[2]);
+        assert_eq!(kv.pending_copies(), &[SlotCopy { seq: b, src: ta[2], dst: tb[2], slots: 7 }]);
+        assert_eq!(kv.seq_len(b).unwrap(), 39);
+        // A prompt of exactly two blocks keeps its last token to compute.
         let c = kv.new_seq();
-        assert_eq!(kv.attach_prefix(c, &prompt[..32]).unwrap(), 16);
-        kv.free_seq(a);
-        kv.free_seq(b);
+        assert_eq!(kv.attach_prefix(c, &prompt[..32]).unwrap(), 31);
+        assert_eq!(kv.pending_copies().len(), 2);
         kv.free_seq(c);
-        // All blocks are available again; two of them still hold the cached prefix.
-        assert_eq!((kv.free_blocks(), kv.cached_blocks()), (6, 2));
+        assert_eq!(kv.pending_copies().len(), 1);
+        kv.free_seq(a);
+        // The copy's source stays pinned until the copy is made.
+        assert_eq!(kv.free_blocks(), 6 - 3 - 1);
+        kv.apply_copies();
+        assert!(kv.pending_copies().is_empty());
+        kv.free_seq(b);
+        // All blocks are available again; a's three still hold the cached prefix.
+        assert_eq!((kv.free_blocks(), kv.cached_blocks()), (6, 3));
         let d = kv.new_seq();
-        assert_eq!(kv.attach_prefix(d, &prompt).unwrap(), 32);
+        assert_eq!(kv.attach_prefix(d, &prompt).unwrap(), 39);
         kv.free_seq(d);
         // Filling the cache evicts the cached blocks.
         let e = kv.new_seq();
@@ -243,6 +286,43 @@ mod tests {
         assert_eq!(kv.cached_blocks(), 0);
         let f = kv.new_seq();
         assert_eq!(kv.attach_prefix(f, &prompt).unwrap(), 0);
+    }
+
+    #[test]
+    fn copied_slots_carry_every_layer_and_head() {
+        let mut kv = cache(4);
+        let prompt: Vec<u32> = (100..110).collect();
+        let a = kv.new_seq();
+        kv.grow(a, 10).unwrap();
+        let src = kv.block_table(a).unwrap()[0];
+        let layout = *kv.layouts().next().unwrap();
+        let KvData::F16(store) = &mut kv.shards[0].data else { panic!("an f16 cache") };
+        for layer in 0..2 {
+            for head in 0..3 {
+                for slot in 0..BLOCK_TOKENS {
+                    let at = layout.offset(layer, src, head, slot);
+                    for i in 0..8 {
+                        store.k[at + i] = f16::from_f32((layer * 1000 + head * 100 + slot * 10 + i) as f32);
+                        store.v[at + i] = -store.k[at + i];
+                    }
+                }
+            }
+        }
+        kv.publish_prefix(a, &prompt).unwrap();
+        let b = kv.new_seq();
+        assert_eq!(kv.attach_prefix(b, &[100, 101, 102, 103, 7, 8]).unwrap(), 4);
+        let dst = kv.block_table(b).unwrap()[0];
+        kv.apply_copies();
+        let KvData::F16(store) = &kv.shards[0].data else { panic!("an f16 cache") };
+        for layer in 0..2 {
+            for head in 0..3 {
+                for slot in 0..BLOCK_TOKENS {
+                    let (from, to) = (layout.offset(layer, src, head, slot), layout.offset(layer, dst, head, slot));
+                    let copied = store.k[to..to + 8] == store.k[from..from + 8] && store.v[to..to + 8] == store.v[from..from + 8];
+                    assert_eq!(copied, slot < 4, "layer {layer} head {head} slot {slot}");
+                }
+            }
+        }
     }
 
     #[test]
