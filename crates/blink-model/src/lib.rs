@@ -4,6 +4,7 @@
 //! cache and the batched forward pass. It does not schedule requests or sample tokens
 //! (that is `blink-engine`), and its numerics live in `blink-kernels`.
 
+mod arena;
 pub mod chat_template;
 pub mod config;
 pub mod fetch;
@@ -74,12 +75,12 @@ impl Model {
         let homes: Vec<Home> = (0..plan.parts.len())
             .map(|node| if placement.numa { Home::Node { topology: &placement.topology, node } } else { Home::Shared })
             .collect();
-        let rope_freqs = Loader { file: &file, isa, home: Home::Shared }.rope_freqs(&cfg)?;
+        let rope_freqs = Loader::new(&file, isa, Home::Shared).rope_freqs(&cfg)?;
         let parts = plan
             .parts
             .iter()
             .zip(&homes)
-            .map(|(part, &home)| Weights::load(&Loader { file: &file, isa, home }, &cfg, part))
+            .map(|(part, &home)| Weights::load(&Loader::new(&file, isa, home), &cfg, part))
             .collect::<Result<Vec<_>, ModelError>>()?;
         weights::release_copied(&file, &parts);
         let rope = Rope::new(&cfg.rope, rope_freqs);

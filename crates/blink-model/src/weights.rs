@@ -15,6 +15,7 @@ use blink_kernels::gemm::{self, Layout};
 use blink_kernels::numa::{NodeBuffer, Topology};
 use blink_kernels::quant;
 
+use crate::arena::{Arena, Piece};
 use crate::config::{Arch, ModelConfig};
 use crate::placement::Part;
 use crate::ModelError;
@@ -36,14 +37,10 @@ impl Blob {
         Blob { ptr: bytes.as_ptr(), len: bytes.len(), _owner: file.clone() }
     }
 
-    fn owned(bytes: Vec<u8>) -> Blob {
-        let owner: Arc<Vec<u8>> = Arc::new(bytes);
-        Blob { ptr: owner.as_ptr(), len: owner.len(), _owner: owner }
-    }
-
-    fn node(buf: NodeBuffer<u8>) -> Blob {
-        let owner = Arc::new(buf);
-        Blob { ptr: owner.as_ptr(), len: owner.len(), _owner: owner }
+    fn piece(p: Piece) -> Blob {
+        // SAFETY: the piece lies inside its chunk, which the Blob keeps alive.
+        let ptr = unsafe { p.chunk.as_ptr().add(p.at) };
+        Blob { ptr, len: p.len, _owner: p.chunk }
     }
 
     #[inline]
@@ -143,12 +140,21 @@ pub enum Home<'a> {
 
 /// Looks tensors up by name, checks them and places one part's share.
 pub(crate) struct Loader<'a> {
-    pub file: &'a Arc<GgufFile>,
-    pub isa: Isa,
-    pub home: Home<'a>,
+    file: &'a Arc<GgufFile>,
+    isa: Isa,
+    home: Home<'a>,
+    arena: Arena<'a>,
 }
 
-impl Loader<'_> {
+impl<'a> Loader<'a> {
+    pub(crate) fn new(file: &'a Arc<GgufFile>, isa: Isa, home: Home<'a>) -> Loader<'a> {
+        let node = match home {
+            Home::Shared => None,
+            Home::Node { topology, node } => Some((topology, node)),
+        };
+        Loader { file, isa, home, arena: Arena::new(node) }
+    }
+
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
         self.file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
     }
@@ -176,17 +182,10 @@ impl Loader<'_> {
         Ok(info)
     }
 
-    /// Bytes in the part's home: moved to the heap, or copied into the node's memory.
-    fn place(&self, bytes: Vec<u8>) -> Result<Blob, ModelError> {
-        match self.home {
-            Home::Shared => Ok(Blob::owned(bytes)),
-            Home::Node { topology, node } => {
-                let mut buf = NodeBuffer::<u8>::new(topology, node, bytes.len())
-                    .map_err(|e| ModelError::Placement(e.to_string()))?;
-                buf.as_mut_slice().copy_from_slice(&bytes);
-                Ok(Blob::node(buf))
-            }
-        }
+    /// A copy of `bytes` in the part's home (the heap or the node's memory), in huge-page
+    /// backed chunks ([`crate::arena`]).
+    fn place(&self, bytes: &[u8]) -> Result<Blob, ModelError> {
+        self.arena.place(bytes).map(Blob::piece).map_err(|e| ModelError::Placement(e.to_string()))
     }
 
     /// Rows `range` of a matrix with `rows` rows of `cols` inputs, in the layout the kernels
@@ -199,9 +198,9 @@ impl Loader<'_> {
         let n = range.len();
         let packed = if for_products { gemm::prepare(self.isa, info.ty, n, cols, slice) } else { None };
         let (layout, blob) = match (packed, self.home) {
-            (Some(p), _) => (Layout::Packed, self.place(p)?),
+            (Some(p), _) => (Layout::Packed, self.place(&p)?),
             (None, Home::Shared) if n == rows => (Layout::RowMajor, Blob::mapped(slice, self.file)),
-            (None, _) => (Layout::RowMajor, self.place(slice.to_vec())?),
+            (None, _) => (Layout::RowMajor, self.place(slice)?),
         };
         Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout, data: blob })
     }

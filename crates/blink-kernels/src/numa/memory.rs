@@ -97,6 +97,32 @@ impl<T: Zeroable> NodeBuffer<T> {
         Ok(NodeBuffer { ptr: base.cast(), len, mapped, node, os_node, binding })
     }
 
+    /// `len` zeroed elements in a mapping of their own, bound to no node (reported as node
+    /// 0): memory for a process that does not split itself over nodes.
+    pub fn unbound(len: usize) -> Result<NodeBuffer<T>, NumaError> {
+        NodeBuffer::new(&Topology::fallback(&[0]), 0, len)
+    }
+
+    /// Ask for the buffer to be backed by transparent huge pages, before its pages are
+    /// touched: memory streamed again and again (weights) then costs a TLB entry per 2 MiB
+    /// instead of per 4 KiB, and the hardware prefetcher is not stopped at every 4 KiB
+    /// page boundary. Returns whether the kernel took the advice (it may not: huge pages
+    /// disabled, or not Linux); the buffer works the same either way.
+    pub fn advise_huge_pages(&self) -> bool {
+        self.mapped > 0 && sys::advise_huge_pages(self.ptr.as_ptr().cast(), self.mapped)
+    }
+
+    /// Copy `src` into elements `at..at + src.len()` through a shared reference, for a
+    /// buffer filled piece by piece while earlier pieces are already being read.
+    ///
+    /// # Safety
+    /// No reference to those elements may exist during the call, and no other thread may
+    /// access them.
+    pub unsafe fn write_at(&self, at: usize, src: &[T]) {
+        assert!(at.checked_add(src.len()).is_some_and(|end| end <= self.len), "write past the buffer");
+        std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(at), src.len());
+    }
+
     /// Elements in the buffer.
     pub fn len(&self) -> usize {
         self.len

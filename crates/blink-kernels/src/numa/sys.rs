@@ -1,6 +1,7 @@
-//! The system calls behind [`super::memory`]: anonymous mappings, `mbind`, and the page
-//! placement queries `move_pages` / `get_mempolicy`. Off Linux, a zeroed page-aligned heap
-//! allocation stands in for the mapping and nothing can be bound or queried.
+//! The system calls behind [`super::memory`]: anonymous mappings, huge-page advice, `mbind`,
+//! and the page placement queries `move_pages` / `get_mempolicy`. Off Linux, a zeroed
+//! page-aligned heap allocation stands in for the mapping and nothing can be bound, advised
+//! or queried.
 
 pub(crate) use imp::*;
 
@@ -45,6 +46,12 @@ mod imp {
     /// `p` and `bytes` must be exactly a mapping returned by [`map`], not used afterwards.
     pub(crate) unsafe fn unmap(p: *mut u8, bytes: usize) {
         libc::munmap(p.cast(), bytes);
+    }
+
+    /// `madvise(MADV_HUGEPAGE)` over `[p, p + bytes)`; whether the kernel accepted it.
+    pub(crate) fn advise_huge_pages(p: *mut u8, bytes: usize) -> bool {
+        // SAFETY: advice changes no contents; the kernel validates the range.
+        unsafe { libc::madvise(p.cast(), bytes, libc::MADV_HUGEPAGE) == 0 }
     }
 
     /// Bind `[p, p + bytes)` to `node` with `MPOL_BIND`; `Err(errno)` on failure.
@@ -147,6 +154,10 @@ mod imp {
         if let Ok(layout) = layout(bytes) {
             std::alloc::dealloc(p, layout);
         }
+    }
+
+    pub(crate) fn advise_huge_pages(_p: *mut u8, _bytes: usize) -> bool {
+        false
     }
 
     pub(crate) fn bind(_p: *mut u8, _bytes: usize, _node: usize) -> Result<(), i32> {

@@ -1,0 +1,95 @@
+//! Where one home's weight copies live: a few large mappings, each advised to be backed by
+//! transparent huge pages, handed out piece by piece.
+//!
+//! A decode step streams every weight from memory. In 4 KiB pages that is a TLB miss per
+//! page, and the hardware prefetcher stops at every page boundary; in 2 MiB pages neither
+//! happens. One mapping per matrix would be too small for huge pages, so matrices are
+//! packed one after another into 32 MiB chunks, starting on a 2 MiB boundary. Untouched
+//! pages cost nothing, so a chunk's unused tail costs at most one huge page.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use blink_kernels::numa::{NodeBuffer, NumaError, Topology};
+
+/// Bytes a chunk holds, unless one matrix needs more.
+const CHUNK_BYTES: usize = 32 << 20;
+/// The huge page size the chunks are laid out for.
+const HUGE_PAGE: usize = 2 << 20;
+/// Alignment of each piece (a cache line, as the kernels' loads want).
+const PIECE_ALIGN: usize = 64;
+
+/// A piece of an arena chunk: `len` bytes at `at` in `chunk`, which it keeps alive.
+pub(crate) struct Piece {
+    pub chunk: Arc<NodeBuffer<u8>>,
+    pub at: usize,
+    pub len: usize,
+}
+
+struct Chunk {
+    buf: Arc<NodeBuffer<u8>>,
+    used: usize,
+}
+
+/// Hands out pieces of chunks in one home: unbound memory, or memory bound to a node.
+pub(crate) struct Arena<'a> {
+    node: Option<(&'a Topology, usize)>,
+    current: RefCell<Option<Chunk>>,
+}
+
+impl<'a> Arena<'a> {
+    pub(crate) fn new(node: Option<(&'a Topology, usize)>) -> Arena<'a> {
+        Arena { node, current: RefCell::new(None) }
+    }
+
+    /// A copy of `bytes` in the arena.
+    pub(crate) fn place(&self, bytes: &[u8]) -> Result<Piece, NumaError> {
+        let mut current = self.current.borrow_mut();
+        let fits = current.as_ref().is_some_and(|c| c.used.next_multiple_of(PIECE_ALIGN) + bytes.len() <= c.buf.len());
+        if !fits {
+            *current = Some(self.chunk(bytes.len())?);
+        }
+        let chunk = current.as_mut().expect("a chunk with room");
+        let at = chunk.used.next_multiple_of(PIECE_ALIGN);
+        // SAFETY: pieces never overlap and bytes past `used` have never been handed out, so
+        // nothing references them; the arena is used from one thread.
+        unsafe { chunk.buf.write_at(at, bytes) };
+        chunk.used = at + bytes.len();
+        Ok(Piece { chunk: chunk.buf.clone(), at, len: bytes.len() })
+    }
+
+    /// A fresh chunk for at least `len` bytes, its use starting on a huge-page boundary.
+    fn chunk(&self, len: usize) -> Result<Chunk, NumaError> {
+        let size = CHUNK_BYTES.max(len.next_multiple_of(HUGE_PAGE)) + HUGE_PAGE;
+        let buf = match self.node {
+            Some((topology, node)) => NodeBuffer::new(topology, node, size)?,
+            None => NodeBuffer::unbound(size)?,
+        };
+        buf.advise_huge_pages();
+        let start = (buf.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - buf.as_ptr() as usize;
+        Ok(Chunk { buf: Arc::new(buf), used: start })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_hold_their_bytes_aligned_and_apart() {
+        let arena = Arena::new(None);
+        let small: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        let big = vec![7u8; CHUNK_BYTES + HUGE_PAGE];
+        let pieces: Vec<Piece> = [&small[..], &small[..10], &big[..], &small[..]].iter().map(|b| arena.place(b).unwrap()).collect();
+        for (p, want) in pieces.iter().zip([&small[..], &small[..10], &big[..], &small[..]]) {
+            assert_eq!(&p.chunk[p.at..p.at + p.len], want);
+            assert_eq!((p.chunk.as_ptr() as usize + p.at) % PIECE_ALIGN, 0);
+        }
+        // The first piece starts a chunk on a huge-page boundary; the second follows it.
+        assert_eq!((pieces[0].chunk.as_ptr() as usize + pieces[0].at) % HUGE_PAGE, 0);
+        assert!(Arc::ptr_eq(&pieces[0].chunk, &pieces[1].chunk));
+        assert_eq!(pieces[1].at, pieces[0].at + 1024);
+        // A piece too big for the rest of the chunk gets a chunk of its own.
+        assert!(!Arc::ptr_eq(&pieces[1].chunk, &pieces[2].chunk));
+    }
+}
