@@ -262,9 +262,9 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             if split {
                 self.broadcast(w, me, Shared::Ffn, me.part.ff_rows.clone());
                 w.global_barrier();
-            } else {
-                w.group_barrier();
             }
+            // Unsplit, no barrier: the projection first quantizes this thread's share of the
+            // rows (the same share as SwiGLU's), which it has just computed in full.
             self.project(w, me, &me.gate, cfg.n_ff, n, &[(&lw.w_down, &me.x, me.part.embd_rows.start, Write::Add)]);
             if split {
                 self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
@@ -454,14 +454,24 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         let whole = (2..=MAX_GROUP).contains(&group)
             && group * hd <= qg.len()
             && 3 * groups.div_ceil(threads) * group <= 4 * (groups * group).div_ceil(threads);
-        // Items (row, first head, heads) are dealt round-robin, between holders and then
-        // between the node's threads: a row's cost grows with its position, so contiguous
-        // shares would leave the thread with the latest rows doing most of the work.
+        // Items (row, first head, heads) are dealt round-robin between holders, then split
+        // between the node's threads in contiguous runs of equal cost: an item's cost grows
+        // with its row's position, and rows of long and short sequences alternate freely.
         let items = me.part.kv_groups.iter().flat_map(|&(g, rank, holders)| {
             let (first, step, heads) = if whole && holders == 1 { (0, group, group) } else { (rank, holders, 1) };
             (first..self.rows.len() * group).step_by(step).map(move |k| (k / group, g * group + k % group, heads))
         });
-        for (r, h, heads) in items.skip(w.tid_in_node).step_by(w.threads_in_node) {
+        let cost = |(r, _, heads): (usize, usize, usize)| heads * (self.rows[r].pos + 1 + BLOCK_TOKENS);
+        let total: usize = items.clone().map(cost).sum();
+        let mut before = 0;
+        let mine = items.filter(|item| {
+            // The thread whose share of the total holds the item's midpoint takes it.
+            let c = cost(*item);
+            let owner = (2 * before + c) * w.threads_in_node / (2 * total.max(1));
+            before += c;
+            owner == w.tid_in_node
+        });
+        for (r, h, heads) in mine {
             let row = self.rows[r];
             let kvh = h / group - me.part.kv_heads.start;
             let table = self.tables.get(row.seq);
