@@ -58,9 +58,17 @@ mod fma {
     pub unsafe fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
         super::rms_norm_body(x, weight, eps, out)
     }
+    /// [`super::swiglu_body`], eight lanes at a time over the whole groups of 16.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
-        super::swiglu_body(gate, up)
+        use std::arch::x86_64::*;
+        let whole = gate.len() - gate.len() % 16;
+        assert!(up.len() >= gate.len());
+        for i in (0..whole).step_by(8) {
+            let (g, u) = (gate.as_mut_ptr().add(i), up.as_ptr().add(i));
+            _mm256_storeu_ps(g, _mm256_mul_ps(crate::math::x86::silu8(_mm256_loadu_ps(g)), _mm256_loadu_ps(u)));
+        }
+        super::swiglu_body(&mut gate[whole..], &up[whole..])
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rope(table: &[f32], x: &mut [f32], neox: bool) {
@@ -228,6 +236,26 @@ mod tests {
                 if i % 97 == 0 { 0.5 } else if (i / 32) % 7 == 3 { 0.0 } else { (s % 20001) as f32 / 997.0 - 10.0 }
             })
             .collect()
+    }
+
+    #[test]
+    fn swiglu_fast_paths_equal_the_scalar_body_at_the_extremes() {
+        let specials = [0.0, -0.0, 1e-30, -1e-30, 87.0, -87.0, 88.8, -88.8, 100.0, -100.0, 126.5, -131.0, 150.0, -170.0, 200.0, -200.0, 1e6, -1e6, f32::MAX, f32::MIN, f32::INFINITY, f32::NEG_INFINITY];
+        // Every special in every lane position, beside ordinary values.
+        let mut x: Vec<f32> = (0..32 * specials.len()).map(|i| (i % 13) as f32 * 0.7 - 4.0).collect();
+        let len = x.len();
+        for (k, &v) in specials.iter().enumerate() {
+            x[k * 33 % len] = v;
+            x[(k * 7 + 5) % len] = -v;
+        }
+        let up: Vec<f32> = (0..x.len()).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
+        for isa in [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
+            let (mut a, mut b) = (x.clone(), x.clone());
+            swiglu(Isa::Scalar, &mut a, &up);
+            swiglu(isa, &mut b, &up);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "swiglu {isa}");
+        }
     }
 
     #[test]
