@@ -210,10 +210,16 @@ impl Online {
 
     /// [`Online::step`] for positions `0..m` of `s`, per head: the factors of each head
     /// and position. The running maxima are found first, so the `exp` calls do not wait
-    /// for each other, and the heads' sums are independent chains.
+    /// for each other (`exp` takes a whole row of arguments, the unused tail zero), and
+    /// the heads' sums are independent chains.
     #[inline(always)]
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn steps<const P: usize>(states: &mut [Online; P], s: &[[f32; CHUNK]; P], m: usize) -> ([[f32; CHUNK]; P], [[f32; CHUNK]; P]) {
+    fn steps<const P: usize>(
+        states: &mut [Online; P],
+        s: &[[f32; CHUNK]; P],
+        m: usize,
+        exp: impl Fn(&mut [f32; CHUNK]),
+    ) -> ([[f32; CHUNK]; P], [[f32; CHUNK]; P]) {
         let mut arg = [[0f32; CHUNK]; P];
         let mut rose = [[false; CHUNK]; P];
         for p in 0..P {
@@ -229,8 +235,9 @@ impl Online {
         }
         let (mut ms, mut vs) = ([[1f32; CHUNK]; P], [[1f32; CHUNK]; P]);
         for p in 0..P {
+            exp(&mut arg[p]);
             for t in 0..m {
-                let e = arg[p][t].exp();
+                let e = arg[p][t];
                 if rose[p][t] {
                     ms[p][t] = e;
                 } else {
@@ -376,7 +383,14 @@ mod x86 {
     unsafe fn heads<const W: usize, const P: usize>(qs: *const f32, keys: *const u16, values: *const u16, m: usize, scale: f32, states: &mut [Online], accs: *mut f32) {
         let hd = 16 * W;
         let s = scores::<W, P>(qs, keys, m, scale);
-        let (ms, vs) = Online::steps::<P>(states.try_into().unwrap(), &s, m);
+        // libm's `expf` bits (as llama.cpp's attention has them), eight at a time.
+        let exp = |row: &mut [f32; CHUNK]| {
+            for at in (0..CHUNK).step_by(8) {
+                let p = row.as_mut_ptr().add(at);
+                _mm256_storeu_ps(p, crate::libm_expf::expf8(_mm256_loadu_ps(p)));
+            }
+        };
+        let (ms, vs) = Online::steps::<P>(states.try_into().unwrap(), &s, m, exp);
         // 64 elements of each head at a time.
         for w0 in (0..W).step_by(4) {
             let mut acc: [[V16; 4]; P] = std::array::from_fn(|p| std::array::from_fn(|i| V16::load(accs.add(p * hd + 16 * (w0 + i)))));

@@ -10,6 +10,7 @@ pub mod attention;
 pub mod bandwidth;
 pub mod cpu;
 pub mod gemm;
+mod libm_expf;
 pub mod math;
 #[cfg(target_arch = "aarch64")]
 mod neon;
