@@ -26,6 +26,9 @@ use crate::placement::Part;
 use crate::weights::{LayerWeights, Matrix, Weights};
 use crate::Model;
 
+/// How many blocks ahead attention asks for keys and values.
+const PREFETCH_BLOCKS: usize = 2;
+
 /// Most parts (NUMA nodes) a model may be split into.
 pub const MAX_PARTS: usize = 16;
 
@@ -493,9 +496,11 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                 (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd), n)
             };
             for b in 0..blocks {
-                if b + 1 < blocks {
-                    let (keys, values, _) = block(b + 1);
-                    attention::prefetch(keys, values);
+                for ahead in if b == 0 { 1..PREFETCH_BLOCKS + 1 } else { PREFETCH_BLOCKS..PREFETCH_BLOCKS + 1 } {
+                    if b + ahead < blocks {
+                        let (keys, values, _) = block(b + ahead);
+                        attention::prefetch(keys, values);
+                    }
                 }
                 let (keys, values, n) = block(b);
                 attention::attend_heads::<T>(self.isa, qs, keys, values, n, scale, states, acc);
