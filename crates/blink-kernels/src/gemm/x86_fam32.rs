@@ -220,6 +220,16 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
         let mut scales = [_mm256_setzero_ps(); RA];
         let mut aq = [std::ptr::null::<u8>(); RA];
         let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
+        // −offset · Σa of each lane, as two vectors per activation row repeating its low
+        // and high four lanes: one load, then each lane's broadcast is an in-lane shuffle
+        // (the loads, not the arithmetic, bound the offset formats).
+        let mut offs = [(_mm256_setzero_si256(), _mm256_setzero_si256()); RA];
+        if offset != 0 && !signed {
+            for (j, o) in offs.iter_mut().enumerate() {
+                let v = _mm256_loadu_si256(offsets.add(8 * (j * n_blocks + b)) as *const __m256i);
+                *o = (_mm256_permute2x128_si256::<0x00>(v, v), _mm256_permute2x128_si256::<0x11>(v, v));
+            }
+        }
         for j in 0..RA {
             let ab = a.add(j * a_stride + b * F::ACT_BYTES);
             aq[j] = ab.add(F::ACT_QS);
@@ -241,7 +251,15 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
                         continue;
                     }
                     // −offset · Σa of this lane, the starting sum.
-                    let start = || _mm256_set1_epi32(*offsets.add(8 * (j * n_blocks + b) + lane));
+                    let start = || {
+                        let half = if lane < 4 { offs[j].0 } else { offs[j].1 };
+                        match lane % 4 {
+                            0 => _mm256_shuffle_epi32::<0x00>(half),
+                            1 => _mm256_shuffle_epi32::<0x55>(half),
+                            2 => _mm256_shuffle_epi32::<0xaa>(half),
+                            _ => _mm256_shuffle_epi32::<0xff>(half),
+                        }
+                    };
                     let sums = match (offset != 0, small) {
                         (true, true) => D::dot_small_from(start(), wv, a4),
                         (true, false) => D::dot_from(start(), wv, a4),
