@@ -202,7 +202,7 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     ld: usize,
     accumulate: bool,
     live: usize,
-    next_group: *const u8,
+    ahead: Ahead,
 ) {
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
@@ -213,9 +213,7 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
     let (signed, offset, small) = unsigned_form::<F, D>();
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
-        if !next_group.is_null() {
-            prefetch(next_group.add(b * group_block), group_block);
-        }
+        ahead.fetch(b);
         let dw = f16x8(gb);
         let mut scales = [_mm256_setzero_ps(); RA];
         let mut aq = [std::ptr::null::<u8>(); RA];
@@ -368,33 +366,46 @@ unsafe fn groups<F: Fam32, D: DotU8I8 + Shape>(n_blocks: usize, group_bytes: usi
         let at = |j: usize| act.as_ptr().add(j * act_stride);
         let st = |j: usize| scales.as_ptr().add(2 * j * n_blocks);
         let ofs = |j: usize| if offsets.is_empty() { std::ptr::null() } else { offsets.as_ptr().add(8 * j * n_blocks) };
-        // The first tile of a group prefetches the next group: the other tiles compute
-        // from cache while it streams in. (A lone tile is left to the hardware prefetcher:
-        // measured no better with it.)
-        let mut next_group = if n_act > D::WIDE && g + GROUP < rows.end { wg.add(group_bytes) } else { std::ptr::null() };
-        let mut j = 0;
+        // Every tile prefetches lines of the next group while the group computes, spread
+        // over all its tiles and blocks rather than requested all at once. (A lone tile is
+        // left to the hardware prefetcher: measured no better with it.)
+        let next = if n_act > D::WIDE && g + GROUP < rows.end { wg.add(group_bytes) } else { std::ptr::null() };
+        let tiles = if D::WIDE > 1 { n_act / D::WIDE + n_act % D::WIDE } else { n_act };
+        let ahead = |k: usize| Ahead { at: next.wrapping_add(64 * k), stride: 64 * tiles, end: next.wrapping_add(group_bytes) };
+        let (mut j, mut k) = (0, 0);
         while D::WIDE > 1 && n_act - j >= D::WIDE {
             match D::WIDE {
-                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, next_group),
-                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, next_group),
-                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, next_group),
+                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, ahead(k)),
+                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, ahead(k)),
+                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, ahead(k)),
             }
-            next_group = std::ptr::null();
             j += D::WIDE;
+            k += 1;
         }
         while j < n_act {
-            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, next_group);
-            next_group = std::ptr::null();
+            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, ahead(k));
             j += 1;
+            k += 1;
         }
     }
 }
 
-/// Ask for the `len` bytes at `p` to be brought into L1.
-#[inline(always)]
-unsafe fn prefetch(p: *const u8, len: usize) {
-    for off in (0..len).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8);
+/// The lines of the next weight group a tile asks for: at block `b`, the line at
+/// `at + b · stride`, while before `end` (none when `at` is null).
+#[derive(Clone, Copy)]
+struct Ahead {
+    at: *const u8,
+    stride: usize,
+    end: *const u8,
+}
+
+impl Ahead {
+    #[inline(always)]
+    unsafe fn fetch(self, b: usize) {
+        let p = self.at.wrapping_add(b * self.stride);
+        if !self.at.is_null() && p < self.end {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        }
     }
 }
 
