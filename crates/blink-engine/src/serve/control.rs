@@ -151,7 +151,7 @@ impl Control {
             let seq = self.running.remove(i);
             if self.cfg.prefix_cache {
                 // Its prompt and replies, for a later turn of the same conversation.
-                let _ = kv.publish_prefix(seq.kv, &seq.tokens[..seq.computed]);
+                let _ = kv.publish_prefix(seq.kv, &seq.tokens[..seq.computed.min(seq.tokens.len())]);
             }
             let usage = Usage { prompt_tokens: seq.n_prompt, completion_tokens: seq.generated, cached_tokens: seq.cached };
             let _ = seq.events.send(Event::Finished { reason, usage });
