@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the hot kernels: GEMV (one activation row) and GEMM (64 rows) per
-//! weight type on every kernel path this CPU has, and attention over a long context.
+//! weight type on every kernel path this CPU has, in both dot orders where they differ,
+//! and attention over a long context.
 //! Throughput is in multiply-accumulates (elements = rows × cols × activation rows).
 //!
 //! `cargo bench -p blink-kernels` (add `-- gemm/Q4_1` to filter).
@@ -8,6 +9,7 @@ use blink_gguf::GgmlType;
 use blink_kernels::attention::{self, Online};
 use blink_kernels::cpu::Isa;
 use blink_kernels::gemm::{gemm, prepare, Layout, Out};
+use blink_kernels::order::DotOrder;
 use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
@@ -63,12 +65,16 @@ fn bench_gemm(c: &mut Criterion) {
                 if isa == Isa::Scalar && n_act > 1 {
                     continue; // minutes per sample; the scalar path is the oracle, not a contender
                 }
-                let id = BenchmarkId::new(format!("{ty}/{isa}"), n_act);
-                group.bench_function(id, |b| {
-                    b.iter(|| unsafe {
-                        gemm(isa, ty, layout, cols, bytes, 0..ROWS, &act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false })
-                    })
-                });
+                // The dot order only matters to the 32-element formats.
+                let orders: &[DotOrder] = if ty.block_size() == 32 { &[DotOrder::Llama, DotOrder::Block] } else { &[DotOrder::Llama] };
+                for &order in orders {
+                    let path = if order == DotOrder::Block { format!("{ty}/{isa}/block") } else { format!("{ty}/{isa}") };
+                    group.bench_function(BenchmarkId::new(path, n_act), |b| {
+                        b.iter(|| unsafe {
+                            gemm(isa, order, ty, layout, cols, bytes, 0..ROWS, &act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false })
+                        })
+                    });
+                }
             }
         }
     }

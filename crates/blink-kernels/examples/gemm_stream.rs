@@ -1,8 +1,7 @@
-//! Dev tool: packed GEMM speed on the best kernel path, with the weights in cache (one
-//! matrix reused) against streamed from memory (100 copies in turn, or the 28 MB output
-//! matrix). `cargo run --release -p blink-kernels --example gemm_stream`
+//! Dev tool: packed GEMM speed on the active kernel path and dot order (`BLINK_KERNEL`,
+//! `BLINK_DOT_ORDER`), with the weights in cache (one matrix reused) against streamed from
+//! memory (100 copies in turn, or the 28 MB output matrix). `cargo run --release -p blink-kernels --example gemm_stream`
 use blink_gguf::GgmlType;
-use blink_kernels::cpu::Isa;
 use blink_kernels::gemm::{gemm, prepare, Layout, Out};
 use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
 
@@ -19,7 +18,9 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 }
 
 fn main() {
-    let isa = Isa::best();
+    let isa = blink_kernels::cpu::active();
+    let order = blink_kernels::order::active();
+    println!("{isa}, {order} order");
     let cols = 576;
     for (ty, rows, copies) in [
         (GgmlType::Q4_1, 1536, 1),
@@ -53,6 +54,7 @@ fn main() {
                     unsafe {
                         gemm(
                             isa,
+                            order,
                             ty,
                             Layout::Packed,
                             cols,

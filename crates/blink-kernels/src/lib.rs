@@ -16,6 +16,7 @@ pub mod math;
 mod neon;
 pub mod numa;
 pub mod ops;
+pub mod order;
 mod park;
 pub mod pool;
 pub mod quant;

@@ -1,6 +1,6 @@
 //! `vec_dot(w, quantize_row(x))` must equal the plain dot product of the dequantized rows,
-//! up to float rounding, for every weight type, both for quantized real-looking data and
-//! for arbitrary bit patterns.
+//! up to float rounding, for every weight type and dot order, both for quantized
+//! real-looking data and for arbitrary bit patterns.
 //!
 //! Error model: the integer sums are exact, so the kernel only rounds a few products per
 //! block and the running sum over `nb` blocks. The bound used is `(nb + 4)·2⁻²⁴·M` where
@@ -17,10 +17,11 @@ mod common;
 
 use blink_gguf::GgmlType;
 use blink_kernels::quant::{
-    dequantize_row, quantize_row, quantize_weights, vec_dot, vec_dot_type, Block, BlockQ2K,
+    dequantize_row, quantize_row, quantize_weights, vec_dot_in, vec_dot_type, Block, BlockQ2K,
     BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
     BlockQ8_0, BlockQ8_1,
 };
+use blink_kernels::order::DotOrder;
 use common::{row_bytes, Rng};
 use half::f16;
 use proptest::prelude::*;
@@ -92,7 +93,6 @@ fn check_dot(ty: GgmlType, w: &[u8], x: &[f32]) {
     let act_ty = vec_dot_type(ty);
     let mut act = vec![0u8; row_bytes(act_ty, n)];
     quantize_row(act_ty, x, &mut act);
-    let got = vec_dot(ty, n, w, &act) as f64;
 
     let (mut wf, mut zf, mut af) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
     dequantize_row(ty, w, &mut wf);
@@ -113,11 +113,14 @@ fn check_dot(ty: GgmlType, w: &[u8], x: &[f32]) {
                 .map(|(&p, &q)| (p as f64 * q as f64).abs())
                 .sum::<f64>()
     };
-    assert!(
-        (got - want).abs() <= bound + f64::MIN_POSITIVE,
-        "{ty} n={n}: vec_dot {got} vs dequantized dot {want} (diff {:e}, bound {bound:e})",
-        (got - want).abs()
-    );
+    for order in [DotOrder::Llama, DotOrder::Block] {
+        let got = vec_dot_in(order, ty, n, w, &act) as f64;
+        assert!(
+            (got - want).abs() <= bound + f64::MIN_POSITIVE,
+            "{ty} n={n} {order}: vec_dot {got} vs dequantized dot {want} (diff {:e}, bound {bound:e})",
+            (got - want).abs()
+        );
+    }
 }
 
 const WEIGHT_TYPES: [GgmlType; 15] = GgmlType::ALL;

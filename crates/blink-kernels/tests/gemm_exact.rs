@@ -1,10 +1,11 @@
 //! Every SIMD path of `gemm` returns exactly the scalar reference's bits, on random blocks,
-//! for every supported type, tile shape and write mode. Paths this CPU lacks are reported
+//! for every supported type, dot order, tile shape and write mode. Paths this CPU lacks are reported
 //! and skipped by name; the scalar path always runs.
 
 use blink_gguf::GgmlType;
 use blink_kernels::cpu::Isa;
 use blink_kernels::gemm::{gemm, pack, Layout, Out, ROW_ALIGN};
+use blink_kernels::order::DotOrder;
 use blink_kernels::quant::{quantize_row, vec_dot_type};
 use proptest::prelude::*;
 
@@ -88,12 +89,12 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run(isa: Isa, ty: GgmlType, layout: Layout, w: &[u8], rows: usize, cols: usize, act: &[u8], stride: usize, n_act: usize, accumulate: bool) -> Vec<f32> {
+fn run(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], rows: usize, cols: usize, act: &[u8], stride: usize, n_act: usize, accumulate: bool) -> Vec<f32> {
     let mut out: Vec<f32> = (0..n_act * rows).map(|i| i as f32 * 0.25).collect();
     // Split the rows in two calls to exercise ranges that start mid-matrix.
     let mid = (rows / 3).next_multiple_of(ROW_ALIGN).min(rows);
     for range in [0..mid, mid..rows] {
-        unsafe { gemm(isa, ty, layout, cols, w, range, act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: rows, accumulate }) };
+        unsafe { gemm(isa, order, ty, layout, cols, w, range, act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: rows, accumulate }) };
     }
     out
 }
@@ -110,8 +111,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn simd_gemm_equals_scalar(ty_i in 0usize..5, rows in 1usize..27, blocks in 1usize..9, n_act in 1usize..10, seed in any::<u64>(), accumulate in any::<bool>()) {
+    fn simd_gemm_equals_scalar(ty_i in 0usize..5, block in any::<bool>(), rows in 1usize..27, blocks in 1usize..9, n_act in 1usize..10, seed in any::<u64>(), accumulate in any::<bool>()) {
         let ty = TYPES[ty_i];
+        let order = if block { DotOrder::Block } else { DotOrder::Llama };
         let cols = blocks * 32;
         let w = random_weights(ty, rows, cols, seed);
         let act_ty = vec_dot_type(ty);
@@ -122,14 +124,14 @@ proptest! {
             let x: Vec<f32> = (0..cols).map(|_| { s ^= s << 13; s ^= s >> 7; s ^= s << 17; ((s % 20001) as f32 - 10000.0) * 1e-3 }).collect();
             quantize_row(act_ty, &x, &mut act[r * stride..r * stride + stride - 7]);
         }
-        let want = run(Isa::Scalar, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
+        let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
         let packed = pack::pack(ty, rows, cols, &w).unwrap();
         let same = |got: &[f32]| got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-        let got = run(Isa::Scalar, ty, Layout::Packed, &packed, rows, cols, &act, stride, n_act, accumulate);
-        prop_assert!(same(&got), "scalar packed {ty}: {:?} vs scalar {:?}", got, want);
+        let got = run(Isa::Scalar, order, ty, Layout::Packed, &packed, rows, cols, &act, stride, n_act, accumulate);
+        prop_assert!(same(&got), "scalar packed {ty} {order}: {:?} vs scalar {:?}", got, want);
         for isa in paths() {
-            let got = run(isa, ty, Layout::Packed, &packed, rows, cols, &act, stride, n_act, accumulate);
-            prop_assert!(same(&got), "{isa} {ty}: {:?} vs scalar {:?}", got, want);
+            let got = run(isa, order, ty, Layout::Packed, &packed, rows, cols, &act, stride, n_act, accumulate);
+            prop_assert!(same(&got), "{isa} {ty} {order}: {:?} vs scalar {:?}", got, want);
         }
     }
 }
@@ -151,9 +153,9 @@ proptest! {
             let x = random_values(cols, seed.rotate_left(17) ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             quantize_row(act_ty, &x, &mut act[r * stride..r * stride + stride - 5]);
         }
-        let want = run(Isa::Scalar, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
+        let want = run(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
         for isa in paths() {
-            let got = run(isa, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
+            let got = run(isa, DotOrder::Llama, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
             let bad = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
             prop_assert!(bad.is_none(), "{isa} {ty} rows={rows} cols={cols} n_act={n_act}: first difference at {bad:?}: {:?} vs scalar {:?}",
                 bad.map(|i| got[i]), bad.map(|i| want[i]));

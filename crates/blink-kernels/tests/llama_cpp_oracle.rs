@@ -10,7 +10,8 @@
 
 mod common;
 
-use blink_kernels::quant::{dequantize_row, quantize_row, quantize_weights, vec_dot, vec_dot_type};
+use blink_kernels::order::DotOrder;
+use blink_kernels::quant::{dequantize_row, quantize_row, quantize_weights, vec_dot, vec_dot_in, vec_dot_type};
 use common::{ggml_type, row_bytes, to_f32s, Fixture};
 
 const N: usize = 512;
@@ -74,7 +75,7 @@ const EXACT_ORDER: &[&str] = &["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8
 
 /// `vec_dot` on llama.cpp's own quantized bytes must reproduce llama.cpp's result up to
 /// float summation order: within `1e-6·Σ|w_i·a_i|` (about 8 ulps of the magnitude sum; the
-/// rows have 512 terms summed in at most 16 block partials).
+/// rows have 512 terms summed in at most 16 block partials). So must the `Block` order.
 #[test]
 fn vec_dot_matches_llama_cpp() {
     let fx = Fixture::load("ggml_x86.bkf");
@@ -114,12 +115,15 @@ fn vec_dot_matches_llama_cpp() {
                     want[case]
                 );
             }
-            let diff = (got as f64 - want[case] as f64).abs();
-            assert!(
-                diff <= 1e-6 * magnitude,
-                "{name} case {case}: blink {got} vs llama.cpp {} (diff {diff:e}, Σ|wa| {magnitude:e})",
-                want[case]
-            );
+            let block = vec_dot_in(DotOrder::Block, ty, N, w, a);
+            for (order, got) in [(DotOrder::Llama, got), (DotOrder::Block, block)] {
+                let diff = (got as f64 - want[case] as f64).abs();
+                assert!(
+                    diff <= 1e-6 * magnitude,
+                    "{name} case {case} {order}: blink {got} vs llama.cpp {} (diff {diff:e}, Σ|wa| {magnitude:e})",
+                    want[case]
+                );
+            }
         }
     }
 }

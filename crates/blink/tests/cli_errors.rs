@@ -190,6 +190,10 @@ fn missing_files_and_bad_arguments_fail_cleanly() {
     let out = blink(&["run", "--temp", "banana", "-p", "x"]);
     assert!(!out.status.success());
     assert!(!stderr(&out).contains("panicked"));
+
+    let out = blink(&["run", "-m", model_path().to_str().unwrap(), "--dot-order", "fast", "-p", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("unknown dot order 'fast'"), "{}", stderr(&out));
 }
 
 #[test]

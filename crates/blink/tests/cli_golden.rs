@@ -35,14 +35,16 @@ fn greedy_run_starts_with_the_owed_text() {
     }
 }
 
-#[test]
-fn perplexity_is_within_one_percent_of_llama_cpp() {
+/// `blink perplexity` on the golden text with `extra` arguments, and llama.cpp's figure.
+fn perplexity(extra: &[&str]) -> (f64, f64) {
     let model = model_path();
     let g = golden();
     let case = &g["perplexity"][0];
     let file = repo_root().join("testdata/golden").join(case["name"].as_str().unwrap());
     let ctx = case["ctx"].as_u64().unwrap().to_string();
-    let out = blink(&["perplexity", "-m", model.to_str().unwrap(), "-f", file.to_str().unwrap(), "-c", &ctx, "-t", THREADS]);
+    let mut args = vec!["perplexity", "-m", model.to_str().unwrap(), "-f", file.to_str().unwrap(), "-c", &ctx, "-t", THREADS];
+    args.extend_from_slice(extra);
+    let out = blink(&args);
     ok(&out);
     let text = stdout(&out);
     let last = text.lines().last().expect("output");
@@ -52,10 +54,26 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no PPL in the last line: {last:?}"));
-    let want = case["ppl"].as_f64().unwrap();
+    (ppl, case["ppl"].as_f64().unwrap())
+}
+
+#[test]
+fn perplexity_is_within_one_percent_of_llama_cpp() {
+    let (ppl, want) = perplexity(&[]);
     let rel = (ppl - want).abs() / want;
     eprintln!("perplexity: blink {ppl:.4}, llama.cpp {want:.4}, relative difference {:.3}%", rel * 100.0);
     assert!(rel < 0.01, "PPL {ppl} vs llama.cpp {want}");
+}
+
+/// The block dot order gives up llama.cpp's bits, not its quality.
+#[test]
+fn block_dot_order_perplexity_is_within_one_percent_of_llama_cpp() {
+    let (ppl, want) = perplexity(&["--dot-order", "block"]);
+    let (llama_order, _) = perplexity(&[]);
+    let rel = (ppl - want).abs() / want;
+    eprintln!("perplexity, block dot order: blink {ppl:.4} (llama order {llama_order:.4}), llama.cpp {want:.4}, relative difference {:.3}%", rel * 100.0);
+    assert!(rel < 0.01, "PPL {ppl} vs llama.cpp {want}");
+    assert_ne!(ppl, llama_order, "--dot-order block changed nothing");
 }
 
 #[test]

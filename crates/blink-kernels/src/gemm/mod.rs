@@ -26,6 +26,7 @@ use std::ops::Range;
 use blink_gguf::GgmlType;
 
 use crate::cpu::Isa;
+use crate::order::DotOrder;
 use crate::quant::{self, DotAcc};
 use pack::{Fields, GROUP};
 
@@ -78,13 +79,14 @@ pub const ROW_ALIGN: usize = GROUP;
 /// `out[r][i] (+)= w_i · a_r` for weight rows `i` in `rows` and activation rows `r` in
 /// `0..n_act`. `w` holds the matrix in `layout` (`cols` elements of `ty` per row); `act`
 /// holds `n_act` rows quantized to `vec_dot_type(ty)`, `act_stride` bytes apart. With a
-/// packed layout, `rows` must start on a multiple of [`ROW_ALIGN`].
+/// packed layout, `rows` must start on a multiple of [`ROW_ALIGN`]. The 32-element formats
+/// apply their block scales in `order`; other types have one order.
 ///
 /// # Safety
 /// `out.ptr` must be valid for writes at every `(r, i)` above, and no other thread may
 /// touch those elements during the call.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm(isa: Isa, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+pub unsafe fn gemm(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     if rows.is_empty() || n_act == 0 {
         return;
     }
@@ -92,8 +94,8 @@ pub unsafe fn gemm(isa: Isa, ty: GgmlType, layout: Layout, cols: usize, w: &[u8]
         #[cfg(target_arch = "x86_64")]
         {
             let done = match isa {
-                Isa::Avx512Vnni => x86_fam32::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, out),
-                Isa::Avx2 => x86_fam32::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out),
+                Isa::Avx512Vnni => x86_fam32::gemm_vnni(order, ty, cols, w, rows.clone(), act, act_stride, n_act, out),
+                Isa::Avx2 => x86_fam32::gemm_avx2(order, ty, cols, w, rows.clone(), act, act_stride, n_act, out),
                 _ => false,
             };
             if done {
@@ -103,10 +105,10 @@ pub unsafe fn gemm(isa: Isa, ty: GgmlType, layout: Layout, cols: usize, w: &[u8]
         // SAFETY: `Isa::Neon` is only used once `Isa::supported()` holds, which checks
         // the NEON and dot-product features the kernel enables.
         #[cfg(target_arch = "aarch64")]
-        if isa == Isa::Neon && neon_fam32::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
+        if isa == Isa::Neon && neon_fam32::gemm_neon(order, ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
             return;
         }
-        return scalar_packed(ty, cols, w, rows, act, act_stride, n_act, out);
+        return scalar_packed(order, ty, cols, w, rows, act, act_stride, n_act, out);
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -132,7 +134,7 @@ pub unsafe fn gemm(isa: Isa, ty: GgmlType, layout: Layout, cols: usize, w: &[u8]
     if isa == Isa::Neon && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
         return;
     }
-    scalar(ty, cols, w, rows, act, act_stride, n_act, out);
+    scalar(order, ty, cols, w, rows, act, act_stride, n_act, out);
 }
 
 #[inline]
@@ -145,23 +147,23 @@ unsafe fn store(out: Out, r: usize, i: usize, v: f32) {
     }
 }
 
-/// The reference over row-major weights: one `vec_dot` per output.
+/// The reference over row-major weights: one `vec_dot_in` per output.
 #[allow(clippy::too_many_arguments)]
-unsafe fn scalar(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn scalar(order: DotOrder, ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     let rb = ty.row_bytes(cols as u64).expect("whole blocks") as usize;
     let ab = quant::vec_dot_type(ty).row_bytes(cols as u64).expect("whole blocks") as usize;
     for i in rows {
         let wrow = &w[i * rb..(i + 1) * rb];
         for r in 0..n_act {
-            store(out, r, i, quant::vec_dot(ty, cols, wrow, &act[r * act_stride..r * act_stride + ab]));
+            store(out, r, i, quant::vec_dot_in(order, ty, cols, wrow, &act[r * act_stride..r * act_stride + ab]));
         }
     }
 }
 
 /// The reference over packed weights: each block is put back together, then accumulated
-/// exactly as `vec_dot` does.
+/// exactly as `vec_dot_in` does.
 #[allow(clippy::too_many_arguments)]
-unsafe fn scalar_packed(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn scalar_packed(order: DotOrder, ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     let f = Fields::of(ty).expect("packed layout of a packable type");
     let act_ty = quant::vec_dot_type(ty);
     let n_blocks = cols / 32;
@@ -170,7 +172,7 @@ unsafe fn scalar_packed(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>,
     for i in rows {
         let (g, k) = (i / GROUP, i % GROUP);
         for r in 0..n_act {
-            let mut acc = DotAcc::default();
+            let mut acc = DotAcc::new(order);
             for b in 0..n_blocks {
                 pack::unpack_block(&f, &w[(g * n_blocks + b) * group_block..][..group_block], k, &mut block);
                 let a = &act[r * act_stride + b * act_ty.type_size()..][..act_ty.type_size()];

@@ -5,17 +5,19 @@
 //! The structure of the x86 kernels on 128-bit vectors: lane `l` of a packed group's eight
 //! rows is 32 bytes, rows 0-3 then rows 4-7, so one `SDOT` of a half against the
 //! activation's lane `l` (the by-element form, which broadcasts one 32-bit lane of a
-//! register) gives the exact `i32` lane sums of four rows. Weights
-//! are unpacked to signed bytes (`q - 8`, `q - 16`, or as stored; the unsigned quants of
-//! `Q4_1`/`Q5_1` fit as they are), so no correction term is needed. Each sum is converted
-//! and accumulated with one FMA by `d_w·d_a` per lane and block, the `m·s` terms go to a
-//! separate tail (multiply, then add), and the lanes are summed in `hsum8` order: per
-//! output exactly the order of [`DotAcc`], so results are bit-identical to the scalar
-//! reference.
+//! register) adds that lane's products for four rows. Weights are unpacked to signed bytes
+//! (`q - 8`, `q - 16`, or as stored; the unsigned quants of `Q4_1`/`Q5_1` fit as they
+//! are), so no correction term is needed. Then, per output exactly in the order of
+//! [`DotAcc`], so results are bit-identical to the scalar reference:
 //!
-//! A tile is one half of a group (four rows) × one or two activation rows: eight `f32`
-//! accumulators per activation row, leaving registers for the weights, the activation
-//! quants (two registers per row) and temporaries.
+//! * `Llama` order: each lane sum is converted and accumulated with one FMA by `d_w·d_a`
+//!   per lane and block, the `m·s` terms go to a separate tail (multiply, then add), and
+//!   the lanes are summed in `hsum8` order. A tile is half a group (four rows) × one or
+//!   two activation rows: eight accumulators per row.
+//! * `Block` order: the lanes add up in integers to each row's block sum, which one
+//!   convert and one FMA add to the row's result, then one more FMA adds `m_w·s_a`. A tile
+//!   is half a group × up to four activation rows: an accumulator and two integer chains
+//!   per row.
 //!
 //! [`DotAcc`]: crate::quant::DotAcc
 
@@ -26,6 +28,7 @@ use std::ops::Range;
 
 use super::pack::{Fields, GROUP};
 use super::Out;
+use crate::order::DotOrder;
 use crate::neon::{load_f16x4, sdot_lane, splat_f16};
 
 /// Rows per tile: half a packed group, one 128-bit vector of lane sums.
@@ -97,9 +100,10 @@ unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, h: usize, l: usize) -> (int8x16_
     (vsubq_s8(vreinterpretq_s8_u8(lo), offset), vsubq_s8(vreinterpretq_s8_u8(hi), offset))
 }
 
-/// Lanes `L` and `L + 4` of one block: `acc[j][lane] += scale_j · (w_lane · a_j,lane)`.
+/// Lanes `L` and `L + 4` of one block, `Llama` order: `acc[j][lane] += scale_j · (w_lane ·
+/// a_j,lane)`.
 #[inline(always)]
-unsafe fn lanes<F: Fam32, const RA: usize, const L: usize>(
+unsafe fn lane_floats<F: Fam32, const RA: usize, const L: usize>(
     gb: *const u8,
     h: usize,
     aq: &[[int8x16_t; 2]; RA],
@@ -116,10 +120,10 @@ unsafe fn lanes<F: Fam32, const RA: usize, const L: usize>(
     }
 }
 
-/// One tile: rows `4h..4h + 4` of the packed group at `w` × `RA` activation rows. Writes
-/// the rows below `live`.
+/// One tile in the `Llama` order: rows `4h..4h + 4` of the packed group at `w` × `RA`
+/// activation rows, eight float lanes each. Writes the rows below `live`.
 #[inline(always)]
-unsafe fn tile<F: Fam32, const RA: usize>(
+unsafe fn tile_lanes<F: Fam32, const RA: usize>(
     n_blocks: usize,
     w: *const u8,
     h: usize,
@@ -154,10 +158,10 @@ unsafe fn tile<F: Fam32, const RA: usize>(
             }
         }
         // Spelled out so that lanes and accumulators are constants (registers).
-        lanes::<F, RA, 0>(gb, h, &aq, &scales, &mut acc);
-        lanes::<F, RA, 1>(gb, h, &aq, &scales, &mut acc);
-        lanes::<F, RA, 2>(gb, h, &aq, &scales, &mut acc);
-        lanes::<F, RA, 3>(gb, h, &aq, &scales, &mut acc);
+        lane_floats::<F, RA, 0>(gb, h, &aq, &scales, &mut acc);
+        lane_floats::<F, RA, 1>(gb, h, &aq, &scales, &mut acc);
+        lane_floats::<F, RA, 2>(gb, h, &aq, &scales, &mut acc);
+        lane_floats::<F, RA, 3>(gb, h, &aq, &scales, &mut acc);
     }
     for j in 0..RA {
         // hsum8 over lanes, for four rows at once.
@@ -166,23 +170,88 @@ unsafe fn tile<F: Fam32, const RA: usize>(
             vaddq_f32(vaddq_f32(c[0], c[4]), vaddq_f32(c[2], c[6])),
             vaddq_f32(vaddq_f32(c[1], c[5]), vaddq_f32(c[3], c[7])),
         );
-        let v = vaddq_f32(v, tail[j]);
-        let o = out.add(j * ld);
-        if live == HALF {
-            let v = if accumulate { vaddq_f32(vld1q_f32(o), v) } else { v };
-            vst1q_f32(o, v);
-        } else {
-            let mut vals = [0f32; HALF];
-            vst1q_f32(vals.as_mut_ptr(), v);
-            super::store_live(o, &vals, live, accumulate);
+        store(out.add(j * ld), vaddq_f32(v, tail[j]), live, accumulate);
+    }
+}
+
+/// Lanes `L` and `L + 4` of one block, `Block` order: `sums[j][half] += w_lane · a_j,lane`.
+#[inline(always)]
+unsafe fn lane_ints<F: Fam32, const RA: usize, const L: usize>(gb: *const u8, h: usize, aq: &[[int8x16_t; 2]; RA], sums: &mut [[int32x4_t; 2]; RA]) {
+    let (w_lo, w_hi) = unpack_lanes::<F>(gb, h, L);
+    for j in 0..RA {
+        for (half, wv) in [w_lo, w_hi].into_iter().enumerate() {
+            sums[j][half] = sdot_lane(sums[j][half], wv, aq[j][half], L);
         }
+    }
+}
+
+/// One tile in the `Block` order: rows `4h..4h + 4` of the packed group at `w` × `RA`
+/// activation rows, one float accumulator each. Writes the rows below `live`.
+#[inline(always)]
+unsafe fn tile_block<F: Fam32, const RA: usize>(
+    n_blocks: usize,
+    w: *const u8,
+    h: usize,
+    a: *const u8,
+    a_stride: usize,
+    out: *mut f32,
+    ld: usize,
+    accumulate: bool,
+    live: usize,
+) {
+    let fields = F::FIELDS;
+    let (m_at, _, _) = fields.packed_offsets();
+    let group_block = fields.group_block();
+    let has_min = fields.m.is_some();
+    let mut acc = [vdupq_n_f32(0.0); RA];
+    for b in 0..n_blocks {
+        let gb = w.add(b * group_block);
+        // The activation's lanes 0..4 and 4..8, for by-lane dot products.
+        let mut aq = [[vdupq_n_s8(0); 2]; RA];
+        for (j, q) in aq.iter_mut().enumerate() {
+            let qs = a.add(j * a_stride + b * F::ACT_BYTES + F::ACT_QS) as *const i8;
+            *q = [vld1q_s8(qs), vld1q_s8(qs.add(16))];
+        }
+        // Each row's exact block sum, in two independent chains (lanes 0..4, 4..8).
+        let mut sums = [[vdupq_n_s32(0); 2]; RA];
+        // Spelled out so that lanes are constants (by-element operands).
+        lane_ints::<F, RA, 0>(gb, h, &aq, &mut sums);
+        lane_ints::<F, RA, 1>(gb, h, &aq, &mut sums);
+        lane_ints::<F, RA, 2>(gb, h, &aq, &mut sums);
+        lane_ints::<F, RA, 3>(gb, h, &aq, &mut sums);
+        let dw = load_f16x4(gb.add(2 * HALF * h));
+        for j in 0..RA {
+            let ab = a.add(j * a_stride + b * F::ACT_BYTES);
+            let total = vcvtq_f32_s32(vaddq_s32(sums[j][0], sums[j][1]));
+            acc[j] = vfmaq_f32(acc[j], vmulq_f32(dw, splat_f16(ab)), total);
+            if has_min {
+                let mw = load_f16x4(gb.add(m_at + 2 * HALF * h));
+                acc[j] = vfmaq_f32(acc[j], mw, splat_f16(ab.add(2)));
+            }
+        }
+    }
+    for (j, &v) in acc.iter().enumerate() {
+        store(out.add(j * ld), v, live, accumulate);
+    }
+}
+
+/// Write (or add) a tile row's four results at `o`, the first `live` of them at an edge.
+#[inline(always)]
+unsafe fn store(o: *mut f32, v: float32x4_t, live: usize, accumulate: bool) {
+    if live == HALF {
+        let v = if accumulate { vaddq_f32(vld1q_f32(o), v) } else { v };
+        vst1q_f32(o, v);
+    } else {
+        let mut vals = [0f32; HALF];
+        vst1q_f32(vals.as_mut_ptr(), v);
+        super::store_live(o, &vals, live, accumulate);
     }
 }
 
 /// `out[r][i] (+)= w_i · a_r` for `i` in `rows` (which must start on a group boundary),
 /// `r` in `0..n_act`; `w` is the packed matrix.
 #[inline(always)]
-unsafe fn gemm<F: Fam32>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn gemm<F: Fam32, const BLOCK: bool>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     assert!(rows.start % GROUP == 0, "row ranges of packed matrices start on a group");
     let n_blocks = cols / 32;
     let group_bytes = n_blocks * F::FIELDS.group_block();
@@ -199,12 +268,26 @@ unsafe fn gemm<F: Fam32>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], 
             let ot = |j: usize| out.ptr.add(j * out.ld + first);
             let at = |j: usize| act.as_ptr().add(j * act_stride);
             let mut j = 0;
-            while n_act - j >= 2 {
-                tile::<F, 2>(n_blocks, wg, h, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
-                j += 2;
+            macro_rules! tile {
+                ($ra:literal) => {{
+                    if BLOCK {
+                        tile_block::<F, $ra>(n_blocks, wg, h, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+                    } else {
+                        tile_lanes::<F, $ra>(n_blocks, wg, h, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+                    }
+                    j += $ra;
+                }};
             }
-            if j < n_act {
-                tile::<F, 1>(n_blocks, wg, h, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+            // Block tiles hold four activation rows; lane tiles, with eight accumulators
+            // per row, two.
+            while BLOCK && n_act - j >= 4 {
+                tile!(4);
+            }
+            while n_act - j >= 2 {
+                tile!(2);
+            }
+            while j < n_act {
+                tile!(1);
             }
         }
     }
@@ -215,14 +298,22 @@ unsafe fn gemm<F: Fam32>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], 
 /// # Safety
 /// The CPU must have NEON and the dot-product extension; `out` as for [`super::gemm`].
 #[target_feature(enable = "neon,dotprod")]
-pub(super) unsafe fn gemm_neon(ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+pub(super) unsafe fn gemm_neon(order: DotOrder, ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
     use blink_gguf::GgmlType as T;
+    macro_rules! run {
+        ($f:ty) => {
+            match order {
+                DotOrder::Llama => gemm::<$f, false>(cols, w, rows, act, act_stride, n_act, out),
+                DotOrder::Block => gemm::<$f, true>(cols, w, rows, act, act_stride, n_act, out),
+            }
+        };
+    }
     match ty {
-        T::Q4_0 => gemm::<Q4_0>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q4_1 => gemm::<Q4_1>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q5_0 => gemm::<Q5_0>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q5_1 => gemm::<Q5_1>(cols, w, rows, act, act_stride, n_act, out),
-        T::Q8_0 => gemm::<Q8_0>(cols, w, rows, act, act_stride, n_act, out),
+        T::Q4_0 => run!(Q4_0),
+        T::Q4_1 => run!(Q4_1),
+        T::Q5_0 => run!(Q5_0),
+        T::Q5_1 => run!(Q5_1),
+        T::Q8_0 => run!(Q8_0),
         _ => return false,
     }
     true

@@ -4,9 +4,15 @@
 //! Each block's 32 products reduce to eight exact `i32` lanes of four (VNNI `dpbusd`, or
 //! `maddubs` + `madd` on plain AVX2). The lane-major layout puts lane `l` of eight rows in
 //! one vector, so a `dpbusd` against the activation's lane `l` broadcast gives that lane for
-//! eight rows at once, and one FMA by the eight rows' scales accumulates it: per output the
-//! order of [`DotAcc`] exactly, so results are bit-identical to the scalar reference. The
-//! final `hsum8` over lanes becomes seven vertical adds giving eight outputs together.
+//! eight rows at once. Then, per output exactly in the order of [`DotAcc`] (so results are
+//! bit-identical to the scalar reference):
+//!
+//! * `Llama` order ([`tile_lanes`]): one FMA by the eight rows' scales accumulates each
+//!   lane, and the final `hsum8` over lanes becomes seven vertical adds giving eight outputs
+//!   together. Every 32 products cost a `dpbusd`, a convert and an FMA.
+//! * `Block` order ([`tile_block`]): the lanes add up in integers to each row's block sum,
+//!   which one convert and one FMA accumulate: eight `dpbusd` and two float operations per
+//!   256 products.
 //!
 //! [`DotAcc`]: crate::quant::DotAcc
 
@@ -17,6 +23,7 @@ use std::ops::Range;
 
 use super::pack::{Fields, GROUP};
 use super::Out;
+use crate::order::DotOrder;
 
 /// A 32-element format as the kernel sees it.
 pub(super) trait Fam32 {
@@ -188,10 +195,10 @@ const fn unsigned_form<F: Fam32, D: DotU8I8>() -> (bool, i32, bool) {
     }
 }
 
-/// One tile: the eight rows of a packed group × `RA` activation rows. Writes the rows
-/// below `live`.
+/// One tile in the `Llama` order: the eight rows of a packed group × `RA` activation rows,
+/// eight float lanes each. Writes the rows below `live`.
 #[inline(always)]
-unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
+unsafe fn tile_lanes<F: Fam32, D: DotU8I8, const RA: usize>(
     n_blocks: usize,
     w: *const u8,
     a: *const u8,
@@ -276,39 +283,124 @@ unsafe fn tile<F: Fam32, D: DotU8I8, const RA: usize>(
             _mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
             _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])),
         );
-        let v = _mm256_add_ps(v, tail[j]);
-        let o = out.add(j * ld);
-        if live == GROUP {
-            let v = if accumulate { _mm256_add_ps(_mm256_loadu_ps(o), v) } else { v };
-            _mm256_storeu_ps(o, v);
+        store(out.add(j * ld), _mm256_add_ps(v, tail[j]), live, accumulate);
+    }
+}
+
+/// One tile in the `Block` order: the eight rows of a packed group × `RA` activation rows,
+/// one float accumulator each. Writes the rows below `live`.
+#[inline(always)]
+unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize>(
+    n_blocks: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    scales_f32: *const f32,
+    offsets: *const i32,
+    out: *mut f32,
+    ld: usize,
+    accumulate: bool,
+    live: usize,
+    ahead: Ahead,
+) {
+    let fields = F::FIELDS;
+    let (m_at, _, _) = fields.packed_offsets();
+    let group_block = fields.group_block();
+    let has_min = fields.m.is_some();
+    let mut acc = [_mm256_setzero_ps(); RA];
+    let (signed, offset, small) = unsigned_form::<F, D>();
+    for b in 0..n_blocks {
+        let gb = w.add(b * group_block);
+        ahead.fetch(b);
+        let mut aq = [std::ptr::null::<u8>(); RA];
+        for (j, q) in aq.iter_mut().enumerate() {
+            *q = a.add(j * a_stride + b * F::ACT_BYTES + F::ACT_QS);
+        }
+        // Each row's exact block sum, in two independent chains (lanes 0..4, 4..8); with
+        // an offset, the first starts at −offset · Σa.
+        let mut sums = [[_mm256_setzero_si256(); 2]; RA];
+        if offset != 0 && !signed {
+            for (j, s) in sums.iter_mut().enumerate() {
+                s[0] = _mm256_set1_epi32(*offsets.add(j * n_blocks + b));
+            }
+        }
+        for l in 0..4 {
+            let (w_lo, w_hi) = unpack_lanes::<F>(gb, l, signed);
+            let (m_lo, m_hi) = if signed { (_mm256_abs_epi8(w_lo), _mm256_abs_epi8(w_hi)) } else { (w_lo, w_hi) };
+            for j in 0..RA {
+                for (h, lane, wv, mag) in [(0, l, w_lo, m_lo), (1, l + 4, w_hi, m_hi)] {
+                    let a4 = _mm256_set1_epi32((aq[j].add(4 * lane) as *const i32).read_unaligned());
+                    let s = sums[j][h];
+                    sums[j][h] = match (signed, small) {
+                        (true, _) => D::dot_small_from(s, mag, _mm256_sign_epi8(a4, wv)),
+                        (false, true) => D::dot_small_from(s, wv, a4),
+                        (false, false) => D::dot_from(s, wv, a4),
+                    };
+                }
+            }
+        }
+        let dw = f16x8(gb);
+        let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
+        for j in 0..RA {
+            let sc = scales_f32.add(2 * (j * n_blocks + b));
+            let total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[j][0], sums[j][1]));
+            acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&*sc)), total, acc[j]);
+            if has_min {
+                acc[j] = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(&*sc.add(1)), acc[j]);
+            }
+        }
+    }
+    for (j, &v) in acc.iter().enumerate() {
+        store(out.add(j * ld), v, live, accumulate);
+    }
+}
+
+/// Write (or add) a tile row's eight results at `o`, the first `live` of them at an edge.
+#[inline(always)]
+unsafe fn store(o: *mut f32, v: __m256, live: usize, accumulate: bool) {
+    if live == GROUP {
+        let v = if accumulate { _mm256_add_ps(_mm256_loadu_ps(o), v) } else { v };
+        _mm256_storeu_ps(o, v);
+    } else {
+        let mut vals = [0f32; GROUP];
+        _mm256_storeu_ps(vals.as_mut_ptr(), v);
+        super::store_live(o, &vals, live, accumulate);
+    }
+}
+
+/// Activation rows per tile when there are several, in each order.
+pub(super) trait Shape {
+    const WIDE_LANES: usize;
+    const WIDE_BLOCK: usize;
+    #[inline(always)]
+    fn wide(block: bool) -> usize {
+        if block {
+            Self::WIDE_BLOCK
         } else {
-            let mut vals = [0f32; GROUP];
-            _mm256_storeu_ps(vals.as_mut_ptr(), v);
-            super::store_live(o, &vals, live, accumulate);
+            Self::WIDE_LANES
         }
     }
 }
 
-/// Activation rows per tile when there are several.
-pub(super) trait Shape {
-    const WIDE: usize;
-}
-
 impl Shape for Vnni {
-    // 32 vector registers: 16 accumulators, 2 weight lanes and temporaries (three rows
-    // spill: measured 52 against 74 GMAC/s).
-    const WIDE: usize = 2;
+    // 32 vector registers. Lanes: 16 accumulators, 2 weight lanes and temporaries (three
+    // rows spill: measured 52 against 74 GMAC/s). Block: three per activation row (an
+    // accumulator, two integer chains), the weight lanes and temporaries.
+    const WIDE_LANES: usize = 2;
+    const WIDE_BLOCK: usize = 4;
 }
 
 impl Shape for Avx2 {
-    // 16 vector registers: 8 accumulators, 2 weight lanes and temporaries.
-    const WIDE: usize = 1;
+    // 16 vector registers. Lanes: 8 accumulators, 2 weight lanes and temporaries. Block:
+    // three per activation row, the weight lanes and temporaries (three rows spill).
+    const WIDE_LANES: usize = 1;
+    const WIDE_BLOCK: usize = 2;
 }
 
 /// `out[r][i] (+)= w_i · a_r` for `i` in `rows` (which must start on a group boundary),
 /// `r` in `0..n_act`; `w` is the packed matrix.
 #[inline(always)]
-unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
     let n_blocks = cols / 32;
     let group_bytes = n_blocks * F::FIELDS.group_block();
@@ -329,19 +421,25 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape>(cols: usize, w: &[u8], rows: Range<
     offsets.clear();
     let (_, offset, _) = unsigned_form::<F, D>();
     if offset != 0 {
-        // −offset · Σa per lane of four, for every activation row and block.
-        offsets.resize(n_act * n_blocks * 8, 0);
+        // −offset · Σa for every activation row and block: per lane of four in the lanes
+        // order, per block in the block order.
         let shift = _mm256_set1_epi32(offset.trailing_zeros() as i32);
         for j in 0..n_act {
             for b in 0..n_blocks {
                 let q = act.as_ptr().add(j * act_stride + b * F::ACT_BYTES + F::ACT_QS);
                 let sums = D::dot_small(_mm256_set1_epi8(1), _mm256_loadu_si256(q as *const __m256i));
                 let negated = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_sllv_epi32(sums, shift));
-                _mm256_storeu_si256(offsets.as_mut_ptr().add(8 * (j * n_blocks + b)) as *mut __m256i, negated);
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, negated);
+                if BLOCK {
+                    offsets.push(lanes.iter().sum());
+                } else {
+                    offsets.extend_from_slice(&lanes);
+                }
             }
         }
     }
-    groups::<F, D>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, &offsets, out);
+    groups::<F, D, BLOCK>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, &offsets, out);
     ACT_SCALES.set(scales);
     ACT_OFFSETS.set(offsets);
 }
@@ -358,32 +456,43 @@ thread_local! {
 
 /// The tiles of every weight group in `rows`.
 #[inline(always)]
-unsafe fn groups<F: Fam32, D: DotU8I8 + Shape>(n_blocks: usize, group_bytes: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, scales: &[f32], offsets: &[i32], out: Out) {
+unsafe fn groups<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(n_blocks: usize, group_bytes: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, scales: &[f32], offsets: &[i32], out: Out) {
     for g in (rows.start..rows.end).step_by(GROUP) {
         let live = (rows.end - g).min(GROUP);
         let wg = w.as_ptr().add(g / GROUP * group_bytes);
         let ot = |j: usize| out.ptr.add(j * out.ld + g);
         let at = |j: usize| act.as_ptr().add(j * act_stride);
         let st = |j: usize| scales.as_ptr().add(2 * j * n_blocks);
-        let ofs = |j: usize| if offsets.is_empty() { std::ptr::null() } else { offsets.as_ptr().add(8 * j * n_blocks) };
+        let per_row = if BLOCK { n_blocks } else { 8 * n_blocks };
+        let ofs = |j: usize| if offsets.is_empty() { std::ptr::null() } else { offsets.as_ptr().add(j * per_row) };
         // Every tile prefetches lines of the next group while the group computes, spread
         // over all its tiles and blocks rather than requested all at once. (A lone tile is
         // left to the hardware prefetcher: measured no better with it.)
-        let next = if n_act > D::WIDE && g + GROUP < rows.end { wg.add(group_bytes) } else { std::ptr::null() };
-        let tiles = if D::WIDE > 1 { n_act / D::WIDE + n_act % D::WIDE } else { n_act };
+        let wide = D::wide(BLOCK);
+        let next = if n_act > wide && g + GROUP < rows.end { wg.add(group_bytes) } else { std::ptr::null() };
+        let tiles = if wide > 1 { n_act / wide + n_act % wide } else { n_act };
         let ahead = |k: usize| Ahead { at: next.wrapping_add(64 * k), stride: 64 * tiles, end: next.wrapping_add(group_bytes) };
+        macro_rules! tile {
+            ($ra:literal, $j:expr, $k:expr) => {
+                if BLOCK {
+                    tile_block::<F, D, $ra>(n_blocks, wg, at($j), act_stride, st($j), ofs($j), ot($j), out.ld, out.accumulate, live, ahead($k))
+                } else {
+                    tile_lanes::<F, D, $ra>(n_blocks, wg, at($j), act_stride, st($j), ofs($j), ot($j), out.ld, out.accumulate, live, ahead($k))
+                }
+            };
+        }
         let (mut j, mut k) = (0, 0);
-        while D::WIDE > 1 && n_act - j >= D::WIDE {
-            match D::WIDE {
-                2 => tile::<F, D, 2>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, ahead(k)),
-                3 => tile::<F, D, 3>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, ahead(k)),
-                _ => tile::<F, D, 4>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, ahead(k)),
+        while wide > 1 && n_act - j >= wide {
+            match wide {
+                2 => tile!(2, j, k),
+                3 => tile!(3, j, k),
+                _ => tile!(4, j, k),
             }
-            j += D::WIDE;
+            j += wide;
             k += 1;
         }
         while j < n_act {
-            tile::<F, D, 1>(n_blocks, wg, at(j), act_stride, st(j), ofs(j), ot(j), out.ld, out.accumulate, live, ahead(k));
+            tile!(1, j, k);
             j += 1;
             k += 1;
         }
@@ -413,14 +522,22 @@ macro_rules! dispatch {
     ($name:ident, $dot:ty, $features:literal) => {
         /// Run the packed kernel for `ty`; false if `ty` has none.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+        pub(super) unsafe fn $name(order: DotOrder, ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
             use blink_gguf::GgmlType as T;
+            macro_rules! run {
+                ($f:ty) => {
+                    match order {
+                        DotOrder::Llama => gemm::<$f, $dot, false>(cols, w, rows, act, act_stride, n_act, out),
+                        DotOrder::Block => gemm::<$f, $dot, true>(cols, w, rows, act, act_stride, n_act, out),
+                    }
+                };
+            }
             match ty {
-                T::Q4_0 => gemm::<Q4_0, $dot>(cols, w, rows, act, act_stride, n_act, out),
-                T::Q4_1 => gemm::<Q4_1, $dot>(cols, w, rows, act, act_stride, n_act, out),
-                T::Q5_0 => gemm::<Q5_0, $dot>(cols, w, rows, act, act_stride, n_act, out),
-                T::Q5_1 => gemm::<Q5_1, $dot>(cols, w, rows, act, act_stride, n_act, out),
-                T::Q8_0 => gemm::<Q8_0, $dot>(cols, w, rows, act, act_stride, n_act, out),
+                T::Q4_0 => run!(Q4_0),
+                T::Q4_1 => run!(Q4_1),
+                T::Q5_0 => run!(Q5_0),
+                T::Q5_1 => run!(Q5_1),
+                T::Q8_0 => run!(Q8_0),
                 _ => return false,
             }
             true

@@ -356,9 +356,8 @@ unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w
         }
         sum = _mm256_add_ps(sum, v);
     }
-    // The reference's finish: hsum8 of its (all zero) lanes, plus the block sum.
     let mut res = [0f32; 8];
-    _mm256_storeu_ps(res.as_mut_ptr(), _mm256_add_ps(_mm256_setzero_ps(), sum));
+    _mm256_storeu_ps(res.as_mut_ptr(), sum);
     res
 }
 

@@ -4,9 +4,8 @@
 //! Packing: byte `j` of `qs` holds element `j` in its low nibble and element `j + 16` in its
 //! high nibble; the fifth bit of element `j` is bit `j` of the little-endian `qh` word.
 //!
-//! Dot products follow ggml's x86 `ggml_vec_dot_*_q8_*` exactly: eight exact `i32` lane
-//! sums per block, accumulated per lane with FMA by `d_w·d_a`, plus `m_w·s_a` for the `_1`
-//! formats (see [`DotAcc`]).
+//! Dot products take each block's eight exact `i32` lane sums, its scale `d_w·d_a` and, for
+//! the `_1` formats, `m_w·s_a`, and accumulate them in the order of the [`DotAcc`].
 
 use half::f16;
 
@@ -120,7 +119,7 @@ impl QuantBlock for BlockQ4_0 {
     #[inline]
     fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
         let sums = int_lanes(&act.qs, |e| nibble_at(&self.qs, e) - 8);
-        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
+        acc.add_block(self.d.to_f32() * act.d.to_f32(), &sums);
     }
 }
 
@@ -147,9 +146,9 @@ impl QuantBlock for BlockQ4_1 {
 
     #[inline]
     fn accumulate(&self, act: &BlockQ8_1, acc: &mut DotAcc) {
-        acc.tail += self.m.to_f32() * act.s.to_f32();
         let sums = int_lanes(&act.qs, |e| nibble_at(&self.qs, e));
-        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
+        acc.add_block(self.d.to_f32() * act.d.to_f32(), &sums);
+        acc.add_min(self.m.to_f32(), act.s.to_f32());
     }
 }
 
@@ -176,7 +175,7 @@ impl QuantBlock for BlockQ5_0 {
     fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
         let qh = u32::from_le_bytes(self.qh);
         let sums = int_lanes(&act.qs, |e| (nibble_at(&self.qs, e) | high_bit_at(qh, e)) - 16);
-        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
+        acc.add_block(self.d.to_f32() * act.d.to_f32(), &sums);
     }
 }
 
@@ -201,10 +200,10 @@ impl QuantBlock for BlockQ5_1 {
 
     #[inline]
     fn accumulate(&self, act: &BlockQ8_1, acc: &mut DotAcc) {
-        acc.tail += self.m.to_f32() * act.s.to_f32();
         let qh = u32::from_le_bytes(self.qh);
         let sums = int_lanes(&act.qs, |e| nibble_at(&self.qs, e) | high_bit_at(qh, e));
-        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
+        acc.add_block(self.d.to_f32() * act.d.to_f32(), &sums);
+        acc.add_min(self.m.to_f32(), act.s.to_f32());
     }
 }
 
@@ -231,7 +230,7 @@ impl QuantBlock for BlockQ8_0 {
     #[inline]
     fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
         let sums = int_lanes(&act.qs, |e| self.qs[e] as i32);
-        acc.add_lanes(self.d.to_f32() * act.d.to_f32(), &sums);
+        acc.add_block(self.d.to_f32() * act.d.to_f32(), &sums);
     }
 }
 

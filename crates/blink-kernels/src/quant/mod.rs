@@ -24,6 +24,8 @@ pub mod rows;
 
 use blink_gguf::GgmlType;
 
+use crate::order::DotOrder;
+
 pub use blocks::{
     Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
@@ -160,11 +162,16 @@ fn quantize_ref(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
 }
 
 /// Dot product of one weight row (`w`, type `ty`, `n` elements) with one activation row
-/// already quantized to [`vec_dot_type`]`(ty)`. Allocation-free.
+/// already quantized to [`vec_dot_type`]`(ty)`, in llama.cpp's order. Allocation-free.
 ///
 /// Panics if `n` is not a whole number of blocks of both types, or either slice is shorter
 /// than its row.
 pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
+    vec_dot_in(DotOrder::Llama, ty, n, w, act)
+}
+
+/// [`vec_dot`] in `order`.
+pub fn vec_dot_in(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
     let act_ty = vec_dot_type(ty);
     let (w_bytes, act_bytes) = (row_bytes(ty, n), row_bytes(act_ty, n));
     assert!(
@@ -183,18 +190,18 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
         F32 => float::dot_f32(n, w, act),
         F16 => float::dot_f16(n, w, act),
         BF16 => float::dot_bf16(n, w, act),
-        Q4_0 => rows::vec_dot::<BlockQ4_0>(nb, w, act),
-        Q4_1 => rows::vec_dot::<BlockQ4_1>(nb, w, act),
-        Q5_0 => rows::vec_dot::<BlockQ5_0>(nb, w, act),
-        Q5_1 => rows::vec_dot::<BlockQ5_1>(nb, w, act),
-        Q8_0 => rows::vec_dot::<BlockQ8_0>(nb, w, act),
-        Q8_1 => rows::vec_dot::<BlockQ8_1>(nb, w, act),
-        Q2_K => rows::vec_dot::<BlockQ2K>(nb, w, act),
-        Q3_K => rows::vec_dot::<BlockQ3K>(nb, w, act),
-        Q4_K => rows::vec_dot::<BlockQ4K>(nb, w, act),
-        Q5_K => rows::vec_dot::<BlockQ5K>(nb, w, act),
-        Q6_K => rows::vec_dot::<BlockQ6K>(nb, w, act),
-        Q8_K => rows::vec_dot::<BlockQ8K>(nb, w, act),
+        Q4_0 => rows::vec_dot::<BlockQ4_0>(order, nb, w, act),
+        Q4_1 => rows::vec_dot::<BlockQ4_1>(order, nb, w, act),
+        Q5_0 => rows::vec_dot::<BlockQ5_0>(order, nb, w, act),
+        Q5_1 => rows::vec_dot::<BlockQ5_1>(order, nb, w, act),
+        Q8_0 => rows::vec_dot::<BlockQ8_0>(order, nb, w, act),
+        Q8_1 => rows::vec_dot::<BlockQ8_1>(order, nb, w, act),
+        Q2_K => rows::vec_dot::<BlockQ2K>(order, nb, w, act),
+        Q3_K => rows::vec_dot::<BlockQ3K>(order, nb, w, act),
+        Q4_K => rows::vec_dot::<BlockQ4K>(order, nb, w, act),
+        Q5_K => rows::vec_dot::<BlockQ5K>(order, nb, w, act),
+        Q6_K => rows::vec_dot::<BlockQ6K>(order, nb, w, act),
+        Q8_K => rows::vec_dot::<BlockQ8K>(order, nb, w, act),
     }
 }
 

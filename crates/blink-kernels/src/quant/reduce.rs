@@ -3,8 +3,8 @@
 //! Float sums depend on their order, and a transformer amplifies last-bit differences
 //! until greedy tokens flip. Blink therefore fixes every reduction to the order llama.cpp's
 //! x86 kernels use (AVX2 for the quantized dots, AVX-512 for float dots), so its outputs
-//! match that reference exactly. Scalar code emulates the orders with `mul_add`; SIMD
-//! kernels must produce identical bits.
+//! match that reference exactly (quantized dots may opt out: [`crate::order`]). Scalar
+//! code emulates the orders with `mul_add`; SIMD kernels must produce identical bits.
 
 /// Horizontal sum of eight lanes, as ggml's `hsum_float_8`:
 /// `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`.

@@ -4,6 +4,7 @@
 
 use super::blocks::{read_blocks, Block};
 use super::reduce::hsum8;
+use crate::order::DotOrder;
 
 /// Scalar reference kernels of one block format.
 pub trait QuantBlock: Block {
@@ -31,31 +32,62 @@ pub trait QuantBlock: Block {
     /// format defines `dot` or `accumulate` (each default calls the other).
     #[inline]
     fn accumulate(&self, act: &Self::Act, acc: &mut DotAcc) {
-        acc.tail += self.dot(act);
+        acc.add(self.dot(act));
     }
 }
 
-/// Accumulator of a row dot product, in ggml's x86 order.
+/// Accumulator of a row dot product, in a [`DotOrder`].
 ///
-/// The 32-element formats produce, per block, eight exact integer lane sums (lane `l`
-/// covers elements `4l..4l+4`) and one scale; lane `l` accumulates `fma(scale, sum_l,
-/// acc_l)` across blocks, and the row result is `hsum8(lanes) + tail`, where the tail
-/// collects `m·s` terms (`Q4_1`, `Q5_1`) or whole-block values (k-quants). This is exactly
-/// what llama.cpp's AVX2/AVX-512 kernels compute, so greedy outputs match it bit for bit;
-/// every SIMD kernel must reproduce it exactly.
+/// A 32-element block gives eight exact integer lane sums (lane `l` covers elements
+/// `4l..4l+4`), a scale `d_w·d_a` and, for formats with a minimum (`Q4_1`, `Q5_1`), an
+/// `m_w·s_a` term.
+///
+/// * `Llama`: lane `l` accumulates `fma(scale, sum_l, acc_l)` across blocks, the minimum
+///   terms go to a separate tail (multiply, then add), and the row result is
+///   `hsum8(lanes) + tail`: exactly what llama.cpp's AVX2/AVX-512 kernels compute.
+/// * `Block`: the tail takes `fma(scale, Σ sum_l, tail)`, then `fma(m_w, s_a, tail)`; the
+///   lanes stay zero, so the result is the tail.
+///
+/// A k-quant block adds its whole value to the tail in both orders. Every SIMD kernel must
+/// reproduce these steps exactly.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DotAcc {
-    pub lanes: [f32; 8],
-    pub tail: f32,
+    order: DotOrder,
+    lanes: [f32; 8],
+    tail: f32,
 }
 
 impl DotAcc {
-    /// Add `scale · sums[l]` to each lane with one rounding (FMA).
+    pub fn new(order: DotOrder) -> DotAcc {
+        DotAcc { order, ..DotAcc::default() }
+    }
+
+    /// Add a block's lane sums `sums` times `scale`.
     #[inline]
-    pub fn add_lanes(&mut self, scale: f32, sums: &[i32; 8]) {
-        for (acc, &s) in self.lanes.iter_mut().zip(sums) {
-            *acc = scale.mul_add(s as f32, *acc);
+    pub fn add_block(&mut self, scale: f32, sums: &[i32; 8]) {
+        match self.order {
+            DotOrder::Llama => {
+                for (acc, &s) in self.lanes.iter_mut().zip(sums) {
+                    *acc = scale.mul_add(s as f32, *acc);
+                }
+            }
+            DotOrder::Block => self.tail = scale.mul_add(sums.iter().sum::<i32>() as f32, self.tail),
         }
+    }
+
+    /// Add a block's `m_w · s_a` term.
+    #[inline]
+    pub fn add_min(&mut self, m: f32, s: f32) {
+        match self.order {
+            DotOrder::Llama => self.tail += m * s,
+            DotOrder::Block => self.tail = m.mul_add(s, self.tail),
+        }
+    }
+
+    /// Add a whole block's value.
+    #[inline]
+    pub fn add(&mut self, value: f32) {
+        self.tail += value;
     }
 
     /// The row result.
@@ -64,7 +96,6 @@ impl DotAcc {
         hsum8(&self.lanes) + self.tail
     }
 }
-
 
 /// Dequantize every whole block of `src` into consecutive `B::ELEMS` chunks of `dst`.
 pub fn dequantize<B: QuantBlock>(src: &[u8], dst: &mut [f32]) {
@@ -85,9 +116,9 @@ pub fn quantize_with<B: Block>(src: &[f32], dst: &mut [u8], quantize: impl Fn(&[
 
 /// Dot product of the first `n_blocks` weight blocks with as many activation blocks.
 ///
-/// Blocks are accumulated in order into a [`DotAcc`].
-pub fn vec_dot<B: QuantBlock>(n_blocks: usize, w: &[u8], act: &[u8]) -> f32 {
-    let mut acc = DotAcc::default();
+/// Blocks are accumulated in turn into a [`DotAcc`] in `order`.
+pub fn vec_dot<B: QuantBlock>(order: DotOrder, n_blocks: usize, w: &[u8], act: &[u8]) -> f32 {
+    let mut acc = DotAcc::new(order);
     for (wb, ab) in read_blocks::<B>(w).zip(read_blocks::<B::Act>(act)).take(n_blocks) {
         wb.accumulate(&ab, &mut acc);
     }

@@ -16,6 +16,7 @@ use blink_kernels::cpu::{self, Isa};
 use blink_kernels::gemm::{self, Out};
 use blink_kernels::numa::{NodePool, NodeWorker};
 use blink_kernels::ops;
+use blink_kernels::order::{self, DotOrder};
 use blink_kernels::pool::SharedMut;
 use blink_kernels::quant;
 
@@ -163,6 +164,7 @@ pub(super) struct Pass<'a, T: KvElem> {
     act_stride: usize,
     tables: &'a TableSnapshot,
     isa: Isa,
+    order: DotOrder,
 }
 
 impl<'a, T: StoreOf> Pass<'a, T> {
@@ -209,6 +211,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             act_stride: s.act_stride,
             tables: &s.tables,
             isa: cpu::active(),
+            order: order::active(),
         }
     }
 
@@ -349,7 +352,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             // thread alone writes columns `col + rows` of `out`.
             unsafe {
                 let act = me.act.slice(0..count * self.act_stride);
-                gemm::gemm(self.isa, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, out.out(col, mode));
+                gemm::gemm(self.isa, self.order, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, out.out(col, mode));
             }
         }
         w.group_barrier();

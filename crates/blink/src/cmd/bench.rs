@@ -55,6 +55,7 @@ struct Row {
     model: String,
     file_type: String,
     kernel: String,
+    dot_order: String,
     test: String,
     threads: usize,
     batch: usize,
@@ -74,10 +75,11 @@ pub fn main(args: Args) -> CliResult {
     let first = Loaded::load_placed(&args.model, &args.numa.placement(threads[0])?)?;
     let model = &first.model;
     let kernel = blink_kernels::cpu::active();
+    let order = blink_kernels::order::active();
     let file_type = crate::cmd::info::file_type_of(model);
     if !args.json {
         println!(
-            "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, {}, {} repetitions",
+            "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, {order} dot order, {}, {} repetitions",
             model.cfg.name,
             model.file().file_size() as f64 / 1048576.0,
             numa_label(model),
@@ -96,6 +98,7 @@ pub fn main(args: Args) -> CliResult {
             model: model.cfg.name.clone(),
             file_type: file_type.clone(),
             kernel: kernel.name().to_string(),
+            dot_order: order.name().to_string(),
             test,
             threads,
             batch,

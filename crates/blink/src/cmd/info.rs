@@ -95,6 +95,7 @@ pub fn main(args: Args) -> CliResult {
     );
     println!("chat template:   {}", if loaded.template.is_some() { "yes" } else { "none" });
     println!("kernel path:     {} (best on this CPU: {})", blink_kernels::cpu::active(), blink_kernels::cpu::Isa::best());
+    println!("dot order:       {}", blink_kernels::order::active());
     let topology = blink_kernels::numa::Topology::detect();
     println!("numa topology:   {} node(s)", topology.n_nodes());
     for line in topology.to_string().lines() {

@@ -1,0 +1,97 @@
+//! Helpers shared by the engine's tests on the real model.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use blink_engine::serve::{Engine, EngineConfig, Event, Request};
+use blink_engine::{FinishReason, GenerateParams, SamplingParams, Session, SessionConfig};
+use blink_model::tokenizer::Tokenizer;
+use blink_model::{KvType, Model};
+
+pub fn model() -> (Arc<Model>, Tokenizer) {
+    let path = blink_model::fetch::ensure_default_model().unwrap();
+    let model = Model::load(&path).unwrap();
+    let tok = Tokenizer::from_gguf(model.file()).unwrap();
+    (Arc::new(model), tok)
+}
+
+pub fn config() -> EngineConfig {
+    EngineConfig {
+        n_threads: 2,
+        kv_tokens: 8192,
+        max_seq_len: 512,
+        step_tokens: 64,
+        max_running: 8,
+        max_queue: 64,
+        kv_type: KvType::F16,
+        prefix_cache: true,
+    }
+}
+
+pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), logprobs: None, ignore_eos: false }
+}
+
+/// Collect a submission's tokens and finish reason.
+pub fn collect(sub: &mut blink_engine::serve::Submission) -> (Vec<u32>, FinishReason, usize) {
+    let mut tokens = Vec::new();
+    loop {
+        match sub.blocking_next().expect("stream ends with Finished") {
+            Event::Token { id, .. } => tokens.push(id),
+            Event::Finished { reason, usage } => {
+                assert_eq!(usage.completion_tokens, tokens.len());
+                return (tokens, reason, usage.cached_tokens);
+            }
+            Event::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+}
+
+pub const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Once upon a time, there was a little",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "List three animals that live in the ocean, and explain in detail how each of them breathes, eats and sleeps, with examples",
+    "In 1492,",
+];
+
+/// Submit every prompt of [`PROMPTS`] at once, so prefills and decodes of different
+/// sequences share steps, and check each gets exactly the greedy tokens of a solo
+/// session. Returns the engine's settled statistics.
+pub fn batched_requests_match_their_solo_runs(model: Arc<Model>, tok: &Tokenizer) -> blink_engine::serve::EngineStats {
+    // Solo references from a single-sequence session.
+    let solo: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|p| {
+            let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
+            let params = GenerateParams { max_tokens: Some(24), sampling: SamplingParams::greedy(), ..Default::default() };
+            s.generate(tok, &tok.encode(p, false, true), &params, &mut |_| {}).unwrap().tokens
+        })
+        .collect();
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    let mut subs: Vec<_> = PROMPTS.iter().map(|p| engine.submit(greedy(tok.encode(p, false, true), 24)).unwrap()).collect();
+    for (i, sub) in subs.iter_mut().enumerate() {
+        let (tokens, _, _) = collect(sub);
+        assert_eq!(tokens, solo[i], "prompt {:?} differs in a batch", PROMPTS[i]);
+    }
+    settled(&engine)
+}
+
+/// Wait until the engine has nothing running and holds no cache blocks (stats are published
+/// at the end of each step, just after the last events).
+pub fn settled(engine: &Engine) -> blink_engine::serve::EngineStats {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = engine.stats();
+        if s.running == 0 && s.kv_blocks_used == 0 {
+            return s;
+        }
+        assert!(std::time::Instant::now() < deadline, "the engine still holds work or cache: {s:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
