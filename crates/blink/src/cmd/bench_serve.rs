@@ -79,7 +79,11 @@ async fn run(args: Args) -> CliResult {
             let path = args.model.path()?;
             let server = Server::start("127.0.0.1:0", ServerOptions::default(), args.engine.options(path)?).await?;
             let url = format!("http://{}", server.addr());
-            eprintln!("blink bench-serve: started a server at {url}");
+            eprintln!(
+                "blink bench-serve: started a server at {url} (kernel {}, {} dot order)",
+                blink_kernels::cpu::active(),
+                blink_kernels::order::active()
+            );
             (Client::new(&url)?, Some(server))
         }
     };

@@ -127,8 +127,14 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
     };
     let cfg = ready.engine.config().clone();
     eprintln!(
-        "blink: serving {} (context {} tokens per request, KV cache {} tokens, {} parallel, {} threads); chat page at {url}/, API at {url}/v1",
-        ready.model_id, cfg.max_seq_len, cfg.kv_tokens, cfg.max_running, cfg.n_threads
+        "blink: serving {} (context {} tokens per request, KV cache {} tokens, {} parallel, {} threads, kernel {}, {} dot order); chat page at {url}/, API at {url}/v1",
+        ready.model_id,
+        cfg.max_seq_len,
+        cfg.kv_tokens,
+        cfg.max_running,
+        cfg.n_threads,
+        blink_kernels::cpu::active(),
+        blink_kernels::order::active()
     );
     server.set_ready(ready);
     println!("{url}");
