@@ -2,7 +2,8 @@
 //! oracle), the persistent SPMD thread pool and thread pinning. Knows nothing of models.
 //!
 //! Layout: [`quant`] holds the ggml block formats and their scalar reference kernels
-//! (dequantize, quantize, dot product); [`pool`] runs one closure on every compute thread
+//! (dequantize, quantize, dot product); [`cpu`] and [`order`] fix the instruction-set path
+//! and the float order of quantized dots; [`pool`] runs one closure on every compute thread
 //! with cheap barriers; [`affinity`] pins threads where the OS allows.
 
 pub mod affinity;
