@@ -10,7 +10,7 @@
 //!   flip, so only this order reproduces llama.cpp's text.
 //! * [`DotOrder::Block`] adds each block's whole integer sum with one FMA. Per 32 products
 //!   that is one convert and one FMA instead of eight of each, so batched matrix products
-//!   run about 1.7× faster, and the result is as precise or more. Outputs are just as
+//!   run about 1.65× faster, and the result is as precise or more. Outputs are just as
 //!   deterministic (the same on every CPU, batch and thread split) but differ from
 //!   llama.cpp's in the last bits, and so now and then in a token.
 //!

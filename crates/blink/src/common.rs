@@ -44,7 +44,7 @@ pub struct KernelArgs {
     pub kernel: Option<String>,
     /// How quantized dot products apply block scales: llama (llama.cpp's x86 order: the
     /// same logits and greedy text as llama.cpp) or block (one float step per block:
-    /// batched matrix products ~1.7× faster, results differ from llama.cpp in the last
+    /// batched matrix products ~1.65× faster, results differ from llama.cpp in the last
     /// bits). Default llama; also settable with BLINK_DOT_ORDER.
     #[arg(long = "dot-order", value_name = "ORDER")]
     pub dot_order: Option<String>,
