@@ -14,6 +14,9 @@ use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 
+mod support;
+use support::values;
+
 const ROWS: usize = 1536;
 const COLS: usize = 576;
 /// Columns for the 256-element k-quants (576 is not a whole number of their blocks).
@@ -23,18 +26,6 @@ const TYPES: [GgmlType; 13] = {
     use GgmlType::*;
     [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16]
 };
-
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 20001) as f32 / 10000.0 - 1.0
-        })
-        .collect()
-}
 
 fn paths() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()).collect()

@@ -1,21 +1,15 @@
 //! Dev tool: packed GEMM speed on the active kernel path and dot order (`BLINK_KERNEL`,
 //! `BLINK_DOT_ORDER`), with the weights in cache (one matrix reused) against streamed from
-//! memory (100 copies in turn, or the 28 MB output matrix). `cargo run --release -p blink-kernels --example gemm_stream`
+//! memory (100 copies in turn, or the 28 MB output matrix).
+//! `cargo run --release -p blink-kernels --example gemm_stream`
+
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{gemm, prepare, Layout, Out};
 use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
 
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 20001) as f32 / 10000.0 - 1.0
-        })
-        .collect()
-}
+#[path = "../benches/support/mod.rs"]
+mod support;
+use support::values;
 
 fn main() {
     let isa = blink_kernels::cpu::active();

@@ -120,10 +120,11 @@ unsafe fn lane_floats<F: Fam32, const RA: usize, const L: usize>(
     }
 }
 
-/// One tile in the `Llama` order: rows `4h..4h + 4` of the packed group at `w` × `RA`
-/// activation rows, eight float lanes each. Writes the rows below `live`.
-#[inline(always)]
-unsafe fn tile_lanes<F: Fam32, const RA: usize>(
+/// One tile's operands: half `h` (four rows) of a packed group (`w`, `n_blocks`
+/// group-blocks) × activation rows from `a`, `a_stride` bytes apart; results go to `out`
+/// (`ld` apart), written or added, the first `live` of each row's four.
+#[derive(Clone, Copy)]
+struct Tile {
     n_blocks: usize,
     w: *const u8,
     h: usize,
@@ -133,7 +134,13 @@ unsafe fn tile_lanes<F: Fam32, const RA: usize>(
     ld: usize,
     accumulate: bool,
     live: usize,
-) {
+}
+
+/// One tile in the `Llama` order: rows `4h..4h + 4` of the packed group at `w` × `RA`
+/// activation rows, eight float lanes each. Writes the rows below `live`.
+#[inline(always)]
+unsafe fn tile_lanes<F: Fam32, const RA: usize>(t: Tile) {
+    let Tile { n_blocks, w, h, a, a_stride, out, ld, accumulate, live } = t;
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
     let group_block = fields.group_block();
@@ -188,17 +195,8 @@ unsafe fn lane_ints<F: Fam32, const RA: usize, const L: usize>(gb: *const u8, h:
 /// One tile in the `Block` order: rows `4h..4h + 4` of the packed group at `w` × `RA`
 /// activation rows, one float accumulator each. Writes the rows below `live`.
 #[inline(always)]
-unsafe fn tile_block<F: Fam32, const RA: usize>(
-    n_blocks: usize,
-    w: *const u8,
-    h: usize,
-    a: *const u8,
-    a_stride: usize,
-    out: *mut f32,
-    ld: usize,
-    accumulate: bool,
-    live: usize,
-) {
+unsafe fn tile_block<F: Fam32, const RA: usize>(t: Tile) {
+    let Tile { n_blocks, w, h, a, a_stride, out, ld, accumulate, live } = t;
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
     let group_block = fields.group_block();
@@ -267,13 +265,14 @@ unsafe fn gemm<F: Fam32, const BLOCK: bool>(cols: usize, w: &[u8], rows: Range<u
             let live = (rows.end - first).min(HALF);
             let ot = |j: usize| out.ptr.add(j * out.ld + first);
             let at = |j: usize| act.as_ptr().add(j * act_stride);
+            let tile = |j: usize| Tile { n_blocks, w: wg, h, a: at(j), a_stride: act_stride, out: ot(j), ld: out.ld, accumulate: out.accumulate, live };
             let mut j = 0;
             macro_rules! tile {
                 ($ra:literal) => {{
                     if BLOCK {
-                        tile_block::<F, $ra>(n_blocks, wg, h, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+                        tile_block::<F, $ra>(tile(j));
                     } else {
-                        tile_lanes::<F, $ra>(n_blocks, wg, h, at(j), act_stride, ot(j), out.ld, out.accumulate, live);
+                        tile_lanes::<F, $ra>(tile(j));
                     }
                     j += $ra;
                 }};

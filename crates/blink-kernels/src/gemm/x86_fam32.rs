@@ -195,22 +195,30 @@ const fn unsigned_form<F: Fam32, D: DotU8I8>() -> (bool, i32, bool) {
     }
 }
 
-/// One tile in the `Llama` order: the eight rows of a packed group × `RA` activation rows,
-/// eight float lanes each. Writes the rows below `live`.
-#[inline(always)]
-unsafe fn tile_lanes<F: Fam32, D: DotU8I8, const RA: usize>(
+/// One tile's operands: the eight rows of a packed group (`w`, `n_blocks` group-blocks) ×
+/// activation rows from `a`, `a_stride` bytes apart, with their block scales (`d`, `s`
+/// pairs) and `−offset · Σa` values; results go to `out` (`ld` apart), written or added,
+/// the first `live` of each row's eight.
+#[derive(Clone, Copy)]
+struct Tile {
     n_blocks: usize,
     w: *const u8,
     a: *const u8,
     a_stride: usize,
-    scales_f32: *const f32,
+    scales: *const f32,
     offsets: *const i32,
     out: *mut f32,
     ld: usize,
     accumulate: bool,
     live: usize,
     ahead: Ahead,
-) {
+}
+
+/// One tile in the `Llama` order: the eight rows of a packed group × `RA` activation rows,
+/// eight float lanes each. Writes the rows below `live`.
+#[inline(always)]
+unsafe fn tile_lanes<F: Fam32, D: DotU8I8, const RA: usize>(t: Tile) {
+    let Tile { n_blocks, w, a, a_stride, scales: scales_f32, offsets, out, ld, accumulate, live, ahead } = t;
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
     let group_block = fields.group_block();
@@ -290,19 +298,8 @@ unsafe fn tile_lanes<F: Fam32, D: DotU8I8, const RA: usize>(
 /// One tile in the `Block` order: the eight rows of a packed group × `RA` activation rows,
 /// one float accumulator each. Writes the rows below `live`.
 #[inline(always)]
-unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize>(
-    n_blocks: usize,
-    w: *const u8,
-    a: *const u8,
-    a_stride: usize,
-    scales_f32: *const f32,
-    offsets: *const i32,
-    out: *mut f32,
-    ld: usize,
-    accumulate: bool,
-    live: usize,
-    ahead: Ahead,
-) {
+unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize>(t: Tile) {
+    let Tile { n_blocks, w, a, a_stride, scales: scales_f32, offsets, out, ld, accumulate, live, ahead } = t;
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
     let group_block = fields.group_block();
@@ -472,12 +469,25 @@ unsafe fn groups<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(n_blocks: usiz
         let next = if n_act > wide && g + GROUP < rows.end { wg.add(group_bytes) } else { std::ptr::null() };
         let tiles = if wide > 1 { n_act / wide + n_act % wide } else { n_act };
         let ahead = |k: usize| Ahead { at: next.wrapping_add(64 * k), stride: 64 * tiles, end: next.wrapping_add(group_bytes) };
+        let tile = |j: usize, k: usize| Tile {
+            n_blocks,
+            w: wg,
+            a: at(j),
+            a_stride: act_stride,
+            scales: st(j),
+            offsets: ofs(j),
+            out: ot(j),
+            ld: out.ld,
+            accumulate: out.accumulate,
+            live,
+            ahead: ahead(k),
+        };
         macro_rules! tile {
             ($ra:literal, $j:expr, $k:expr) => {
                 if BLOCK {
-                    tile_block::<F, D, $ra>(n_blocks, wg, at($j), act_stride, st($j), ofs($j), ot($j), out.ld, out.accumulate, live, ahead($k))
+                    tile_block::<F, D, $ra>(tile($j, $k))
                 } else {
-                    tile_lanes::<F, D, $ra>(n_blocks, wg, at($j), act_stride, st($j), ofs($j), ot($j), out.ld, out.accumulate, live, ahead($k))
+                    tile_lanes::<F, D, $ra>(tile($j, $k))
                 }
             };
         }
