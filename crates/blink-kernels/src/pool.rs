@@ -23,6 +23,8 @@ pub struct Worker<'a> {
     pub tid: usize,
     /// Threads taking part.
     pub n_threads: usize,
+    /// Which run of the pool this is: distinct for consecutive runs.
+    pub(crate) run: usize,
     barrier: &'a Barrier,
 }
 
@@ -211,7 +213,7 @@ impl ThreadPool {
         }
         let shared = &*self.shared;
         if shared.n_threads == 1 {
-            f(&Worker { tid: 0, n_threads: 1, barrier: &shared.barrier });
+            f(&Worker { tid: 0, n_threads: 1, run: shared.epoch.load(Ordering::Relaxed), barrier: &shared.barrier });
             return;
         }
         let job: &(dyn Fn(&Worker) + Sync) = &f;
@@ -223,7 +225,7 @@ impl ThreadPool {
         shared.parking.bump(&shared.epoch);
 
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            f(&Worker { tid: 0, n_threads: shared.n_threads, barrier: &shared.barrier })
+            f(&Worker { tid: 0, n_threads: shared.n_threads, run: shared.epoch.load(Ordering::Relaxed), barrier: &shared.barrier })
         }));
 
         let mut spins = 0u32;
@@ -304,7 +306,7 @@ fn worker_loop(shared: &Shared, tid: usize) {
         // SAFETY: published before the epoch bump we just observed; valid until we
         // decrement `busy`.
         if let Some(job) = unsafe { *shared.job.get() } {
-            let worker = Worker { tid, n_threads: shared.n_threads, barrier: &shared.barrier };
+            let worker = Worker { tid, n_threads: shared.n_threads, run: seen, barrier: &shared.barrier };
             let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job)(&worker) }));
             if ok.is_err() {
                 shared.panicked.store(true, Ordering::Release);

@@ -4,7 +4,7 @@
 
 use blink_gguf::GgmlType;
 use blink_kernels::cpu::Isa;
-use blink_kernels::gemm::{gemm, pack, Layout, Out, ROW_ALIGN};
+use blink_kernels::gemm::{gemm, gemm_chunks, pack, Layout, Out, ROW_ALIGN};
 use blink_kernels::order::DotOrder;
 use blink_kernels::quant::{quantize_row, vec_dot_type};
 use proptest::prelude::*;
@@ -91,10 +91,14 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
 #[allow(clippy::too_many_arguments)]
 fn run(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], rows: usize, cols: usize, act: &[u8], stride: usize, n_act: usize, accumulate: bool) -> Vec<f32> {
     let mut out: Vec<f32> = (0..n_act * rows).map(|i| i as f32 * 0.25).collect();
-    // Split the rows in two calls to exercise ranges that start mid-matrix.
+    let o = Out { ptr: out.as_mut_ptr(), ld: rows, accumulate };
+    // Ranges that start mid-matrix: one call for the first third, then one call for the
+    // rest in chunks of a group, last first (as threads claiming chunks may take them).
     let mid = (rows / 3).next_multiple_of(ROW_ALIGN).min(rows);
-    for range in [0..mid, mid..rows] {
-        unsafe { gemm(isa, order, ty, layout, cols, w, range, act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: rows, accumulate }) };
+    let chunks: Vec<_> = (mid..rows).step_by(ROW_ALIGN).map(|r| r..(r + ROW_ALIGN).min(rows)).rev().collect();
+    unsafe {
+        gemm(isa, order, ty, layout, cols, w, 0..mid, act, stride, n_act, o);
+        gemm_chunks(isa, order, ty, layout, cols, w, chunks.into_iter(), act, stride, n_act, o);
     }
     out
 }

@@ -87,21 +87,42 @@ pub const ROW_ALIGN: usize = GROUP;
 /// touch those elements during the call.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
-    if rows.is_empty() || n_act == 0 {
+    gemm_chunks(isa, order, ty, layout, cols, w, std::iter::once(rows), act, act_stride, n_act, out)
+}
+
+/// [`gemm`] over each range of weight rows that `rows` yields, as a thread claims them
+/// ([`crate::numa::NodeWorker::claim`]); what a call does once, such as converting the
+/// activations' scales, is done once for all of them.
+///
+/// # Safety
+/// As for [`gemm`], for every range.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_chunks(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: impl Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+    if n_act == 0 {
         return;
     }
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut rows = rows.filter(|r| !r.is_empty());
+    #[cfg(target_arch = "x86_64")]
     if layout == Layout::Packed {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let done = match isa {
-                Isa::Avx512Vnni => x86_fam32::gemm_vnni(order, ty, cols, w, rows.clone(), act, act_stride, n_act, out),
-                Isa::Avx2 => x86_fam32::gemm_avx2(order, ty, cols, w, rows.clone(), act, act_stride, n_act, out),
-                _ => false,
-            };
-            if done {
-                return;
-            }
+        let done = match isa {
+            Isa::Avx512Vnni => x86_fam32::gemm_vnni(order, ty, cols, w, &mut rows, act, act_stride, n_act, out),
+            Isa::Avx2 => x86_fam32::gemm_avx2(order, ty, cols, w, &mut rows, act, act_stride, n_act, out),
+            _ => false,
+        };
+        if done {
+            return;
         }
+    }
+    for r in rows {
+        gemm_range(isa, order, ty, layout, cols, w, r, act, act_stride, n_act, out);
+    }
+}
+
+/// [`gemm`] of one nonempty range on the kernels that take one range at a time.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_range(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+    if layout == Layout::Packed {
         // SAFETY: `Isa::Neon` is only used once `Isa::supported()` holds, which checks
         // the NEON and dot-product features the kernel enables.
         #[cfg(target_arch = "aarch64")]

@@ -394,14 +394,15 @@ impl Shape for Avx2 {
     const WIDE_BLOCK: usize = 2;
 }
 
-/// `out[r][i] (+)= w_i · a_r` for `i` in `rows` (which must start on a group boundary),
-/// `r` in `0..n_act`; `w` is the packed matrix.
+/// `out[r][i] (+)= w_i · a_r` for `i` in each range of `rows` (which must start on a group
+/// boundary), `r` in `0..n_act`; `w` is the packed matrix.
 #[inline(always)]
-unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
-    assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
+unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+    let Some(first) = rows.next() else {
+        return;
+    };
     let n_blocks = cols / 32;
     let group_bytes = n_blocks * F::FIELDS.group_block();
-    assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + n_blocks * F::ACT_BYTES, "activations too short");
     // Taken out and put back (no closure: it would not inherit this function's target
     // features, and the kernels would not inline).
@@ -436,7 +437,11 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(cols: usize, w: 
             }
         }
     }
-    groups::<F, D, BLOCK>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, &offsets, out);
+    for rows in std::iter::once(first).chain(rows) {
+        assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
+        assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
+        groups::<F, D, BLOCK>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, &offsets, out);
+    }
     ACT_SCALES.set(scales);
     ACT_OFFSETS.set(offsets);
 }
@@ -463,10 +468,12 @@ unsafe fn groups<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(n_blocks: usiz
         let per_row = if BLOCK { n_blocks } else { 8 * n_blocks };
         let ofs = |j: usize| if offsets.is_empty() { std::ptr::null() } else { offsets.as_ptr().add(j * per_row) };
         // Every tile prefetches lines of the next group while the group computes, spread
-        // over all its tiles and blocks rather than requested all at once. (A lone tile is
-        // left to the hardware prefetcher: measured no better with it.)
+        // over all its tiles and blocks rather than requested all at once; past the end of
+        // `rows` too, where this thread's next claimed chunk most likely starts. (A lone
+        // tile is left to the hardware prefetcher: measured no better with it.)
         let wide = D::wide(BLOCK);
-        let next = if n_act > wide && g + GROUP < rows.end { wg.add(group_bytes) } else { std::ptr::null() };
+        let next_in_matrix = (g / GROUP + 2) * group_bytes <= w.len();
+        let next = if n_act > wide && next_in_matrix { wg.add(group_bytes) } else { std::ptr::null() };
         let tiles = if wide > 1 { n_act / wide + n_act % wide } else { n_act };
         let ahead = |k: usize| Ahead { at: next.wrapping_add(64 * k), stride: 64 * tiles, end: next.wrapping_add(group_bytes) };
         let tile = |j: usize, k: usize| Tile {
@@ -532,7 +539,7 @@ macro_rules! dispatch {
     ($name:ident, $dot:ty, $features:literal) => {
         /// Run the packed kernel for `ty`; false if `ty` has none.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(order: DotOrder, ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+        pub(super) unsafe fn $name(order: DotOrder, ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
             use blink_gguf::GgmlType as T;
             macro_rules! run {
                 ($f:ty) => {

@@ -10,9 +10,12 @@
 //! at their node's barrier, the last to arrive meets the other nodes' representatives, and
 //! then releases its node. Nothing is allocated per run.
 
+use std::cell::Cell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::park::{Parking, SPINS};
+
+use super::claim::{self, Claims, Cursor};
 
 use super::topology::Topology;
 use super::NumaError;
@@ -81,6 +84,13 @@ pub struct NodeWorker<'a> {
     pub n_threads: usize,
     group: &'a Gate,
     top: &'a Gate,
+    /// This node's claim cursors, [`claim::SLOTS`] sets of one per thread.
+    cursors: &'a [Cursor],
+    /// The pool run, and the claiming loops this thread has started in it and since its
+    /// last barrier.
+    run: usize,
+    loops: Cell<u32>,
+    loops_since_barrier: Cell<usize>,
 }
 
 impl NodeWorker<'_> {
@@ -88,6 +98,7 @@ impl NodeWorker<'_> {
     /// not involved.
     #[inline]
     pub fn group_barrier(&self) {
+        self.loops_since_barrier.set(0);
         self.group.wait_then(self.threads_in_node, || {});
     }
 
@@ -95,6 +106,7 @@ impl NodeWorker<'_> {
     /// any thread before it are visible to all threads after it.
     #[inline]
     pub fn global_barrier(&self) {
+        self.loops_since_barrier.set(0);
         let (top, n_nodes) = (self.top, self.n_nodes);
         self.group.wait_then(self.threads_in_node, || top.wait_then(n_nodes, || {}));
     }
@@ -104,6 +116,23 @@ impl NodeWorker<'_> {
     #[inline]
     pub fn share(&self, n: usize, align: usize) -> Range<usize> {
         split_range(n, align, self.tid_in_node, self.threads_in_node)
+    }
+
+    /// The ranges of `0..n` (boundaries on multiples of `align`) this thread computes in a
+    /// loop the node's threads share: its own share first, in chunks of at least
+    /// `min_chunk` items, then chunks of the others' that are left (see [`claim`]). Every
+    /// item goes to exactly one thread.
+    /// Every thread of the node must run the loop (all the same loops, in the same order),
+    /// and at most [`claim::SLOTS`] such loops may run between two barriers.
+    pub fn claim(&self, n: usize, align: usize, min_chunk: usize) -> Claims<'_> {
+        let index = self.loops.get();
+        self.loops.set(index.wrapping_add(1));
+        let since = self.loops_since_barrier.get() + 1;
+        self.loops_since_barrier.set(since);
+        assert!(since <= claim::SLOTS, "more claiming loops between two barriers than cursor slots");
+        let slot = index as usize % claim::SLOTS;
+        let cursors = &self.cursors[slot * self.threads_in_node..(slot + 1) * self.threads_in_node];
+        Claims::start(cursors, claim::epoch(self.run, index), n, align, min_chunk, self.tid_in_node)
     }
 
     /// This node's share of `0..n` among the nodes (e.g. its tensor-parallel slice).
@@ -124,6 +153,8 @@ pub struct NodePool {
     pool: ThreadPool,
     /// One barrier per node.
     groups: Box<[Gate]>,
+    /// Claim cursors per node ([`NodeWorker::claim`]).
+    cursors: Box<[Box<[Cursor]>]>,
     /// The barrier the nodes' representatives meet at.
     top: Gate,
     /// Per global thread index.
@@ -181,6 +212,7 @@ impl NodePool {
         Ok(NodePool {
             pool,
             groups: nodes.iter().map(|_| Gate::new(spins)).collect(),
+            cursors: threads_per_node.iter().map(|&t| (0..t * claim::SLOTS).map(|_| Cursor::default()).collect()).collect(),
             top: Gate::new(spins),
             seats,
             sizes: threads_per_node.into(),
@@ -263,6 +295,10 @@ impl NodePool {
             n_threads: w.n_threads,
             group: &self.groups[node],
             top: &self.top,
+            cursors: &self.cursors[node],
+            run: w.run,
+            loops: Cell::new(0),
+            loops_since_barrier: Cell::new(0),
         }
     }
 }

@@ -8,16 +8,19 @@
 //!   faulted in by that node's threads, and reports where each page really lives.
 //! - [`groups`] runs one closure on every thread of every node (SPMD, like
 //!   [`crate::pool::ThreadPool`]) with a barrier per node and a two-level barrier across
-//!   nodes.
+//!   nodes; [`claim`] shares a loop's items out among a node's threads in chunks, with
+//!   stealing, so uneven thread speeds do not leave the others waiting.
 //!
 //! Everything degrades instead of failing: without `/sys`, without permission to bind
 //! memory, or off Linux, there is one node, memory is unbound and the pool still works.
 
+pub mod claim;
 pub mod groups;
 pub mod memory;
 mod sys;
 pub mod topology;
 
+pub use claim::Claims;
 pub use groups::{NodePool, NodeWorker};
 pub use memory::{node_of_page, page_size, Binding, NodeBuffer, Zeroable};
 pub use topology::{format_cpulist, parse_cpulist, Node, Topology, TopologySource};

@@ -27,6 +27,9 @@ use crate::placement::Part;
 use crate::weights::{LayerWeights, Matrix, Weights};
 use crate::Model;
 
+/// Weight bytes per activation row a claimed chunk of a projection covers at least.
+const CHUNK_BYTES: usize = 64 << 10;
+
 /// How many blocks ahead attention asks for keys and values.
 const PREFETCH_BLOCKS: usize = 2;
 
@@ -347,12 +350,16 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                 w.group_barrier();
                 quantized = Some(act_ty);
             }
-            let rows = w.share(m.rows, gemm::ROW_ALIGN);
+            // Rows go out in chunks the node's threads claim, so a thread that runs slower
+            // computes fewer of them; a chunk streams at least `CHUNK_BYTES` of weights
+            // per activation row (shorter runs cost the hardware prefetcher its stride).
+            let row_bytes = m.bytes().len() / m.rows.max(1);
+            let rows = w.claim(m.rows, gemm::ROW_ALIGN, CHUNK_BYTES / (row_bytes * count).max(1));
             // SAFETY: act is read-only in this phase (written before the last barrier); this
-            // thread alone writes columns `col + rows` of `out`.
+            // thread alone writes columns `col + r` of `out` for each range `r` it claims.
             unsafe {
                 let act = me.act.slice(0..count * self.act_stride);
-                gemm::gemm(self.isa, self.order, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, out.out(col, mode));
+                gemm::gemm_chunks(self.isa, self.order, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, out.out(col, mode));
             }
         }
         w.group_barrier();
