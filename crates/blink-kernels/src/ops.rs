@@ -13,14 +13,25 @@ use crate::cpu::Isa;
 use crate::math;
 use crate::quant;
 
-/// `out = x / rms(x) · weight`, with the sum of squares accumulated in f64 as ggml does.
+/// `out[r] = x[r] / rms(x[r]) · weight` for `N` rows of one length, each sum of squares
+/// accumulated in f64 in element order as ggml does. That sum is one chain of dependent
+/// adds per row; the rows' chains interleave, so `N` rows take about as long as one.
 #[inline(always)]
-fn rms_norm_body(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
-        *o = (v * scale) * w;
+fn rms_norm_body<const N: usize>(x: [&[f32]; N], weight: &[f32], eps: f32, out: [&mut [f32]; N]) {
+    let len = x.first().map_or(0, |r| r.len());
+    assert!(x.iter().all(|r| r.len() == len) && out.iter().all(|r| r.len() == len) && weight.len() >= len);
+    let mut sums = [0f64; N];
+    for i in 0..len {
+        for (sum, row) in sums.iter_mut().zip(&x) {
+            *sum += (row[i] * row[i]) as f64;
+        }
+    }
+    for ((sum, row), out) in sums.iter().zip(x).zip(out) {
+        let mean = (sum / len as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &w) in out.iter_mut().zip(row).zip(weight) {
+            *o = (v * scale) * w;
+        }
     }
 }
 
@@ -55,7 +66,7 @@ fn rope_body(table: &[f32], x: &mut [f32], neox: bool) {
 #[cfg(target_arch = "x86_64")]
 mod fma {
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    pub unsafe fn rms_norm<const N: usize>(x: [&[f32]; N], weight: &[f32], eps: f32, out: [&mut [f32]; N]) {
         super::rms_norm_body(x, weight, eps, out)
     }
     /// [`super::swiglu_body`], eight lanes at a time over the whole groups of 16.
@@ -85,6 +96,12 @@ fn x86_fma(isa: Isa) -> bool {
 
 /// RMS norm of `x` into `out`, scaled by `weight`.
 pub fn rms_norm(isa: Isa, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    rms_norm_rows(isa, [x], weight, eps, [out])
+}
+
+/// [`rms_norm`] of `N` rows at once (each row's result is exactly `rms_norm`'s): their
+/// sums of squares run side by side.
+pub fn rms_norm_rows<const N: usize>(isa: Isa, x: [&[f32]; N], weight: &[f32], eps: f32, out: [&mut [f32]; N]) {
     #[cfg(target_arch = "x86_64")]
     if x86_fma(isa) {
         // SAFETY: the CPU supports the path's features (checked when it was chosen).
@@ -291,6 +308,30 @@ mod tests {
                         assert_eq!(q1, q2, "quantize {ty} {isa} {n}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Rows normed together equal rows normed alone, which equal ggml's definition: the
+    /// f64 sum of the f32 squares in element order.
+    #[test]
+    fn rows_normed_together_equal_rows_alone() {
+        let n = 576;
+        let rows: Vec<Vec<f32>> = (0..4).map(|r| row(n, 11 + r)).collect();
+        let w = row(n, 7);
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
+            let mut together = vec![vec![0f32; n]; 4];
+            let [o0, o1, o2, o3] = &mut together[..] else { unreachable!() };
+            rms_norm_rows(isa, [&rows[0][..], &rows[1], &rows[2], &rows[3]], &w, 1e-5, [&mut o0[..], o1, o2, o3]);
+            for (x, got) in rows.iter().zip(&together) {
+                let mut alone = vec![0f32; n];
+                rms_norm(isa, x, &w, 1e-5, &mut alone);
+                let mut sum = 0f64;
+                x.iter().for_each(|&v| sum += (v * v) as f64);
+                let scale = 1.0 / ((sum / n as f64) as f32 + 1e-5).sqrt();
+                let want: Vec<f32> = x.iter().zip(&w).map(|(&v, &w)| (v * scale) * w).collect();
+                assert_eq!(got, &alone, "{isa}");
+                assert_eq!(got, &want, "{isa}");
             }
         }
     }

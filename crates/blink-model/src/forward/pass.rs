@@ -328,9 +328,22 @@ impl<'a, T: StoreOf> Pass<'a, T> {
     /// the next projection quantizes the same rows on the same thread first.
     fn norm_rows(&self, w: &NodeWorker, me: &PartView<T>, weight: &[f32], count: usize, src: impl Fn(usize) -> usize) {
         let eps = self.model.cfg.norm_eps;
-        for i in w.share(count, 1) {
+        // Four rows at a time, whose sums of squares (serial chains) then overlap.
+        const ROWS: usize = 4;
+        let mine = w.share(count, 1);
+        let mut i = mine.start;
+        while i < mine.end {
             // SAFETY: x is read-only in this phase; xn rows are split between threads.
-            unsafe { ops::rms_norm(self.isa, me.x.row(src(i)), weight, eps, me.xn.row_mut(i)) };
+            unsafe {
+                if mine.end - i >= ROWS {
+                    let rows: [usize; ROWS] = std::array::from_fn(|k| i + k);
+                    ops::rms_norm_rows(self.isa, rows.map(|r| me.x.row(src(r))), weight, eps, rows.map(|r| me.xn.row_mut(r)));
+                    i += ROWS;
+                } else {
+                    ops::rms_norm(self.isa, me.x.row(src(i)), weight, eps, me.xn.row_mut(i));
+                    i += 1;
+                }
+            }
         }
     }
 
