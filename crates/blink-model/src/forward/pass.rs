@@ -480,23 +480,29 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         let whole = (2..=MAX_GROUP).contains(&group)
             && group * hd <= qg.len()
             && 3 * groups.div_ceil(threads) * group <= 4 * (groups * group).div_ceil(threads);
-        // Items (row, first head, heads) are dealt round-robin between holders, then split
-        // between the node's threads in contiguous runs of equal cost: an item's cost grows
-        // with its row's position, and rows of long and short sequences alternate freely.
-        let items = me.part.kv_groups.iter().flat_map(|&(g, rank, holders)| {
-            let (first, step, heads) = if whole && holders == 1 { (0, group, group) } else { (rank, holders, 1) };
-            (first..self.rows.len() * group).step_by(step).map(move |k| (k / group, g * group + k % group, heads))
-        });
-        let cost = |(r, _, heads): (usize, usize, usize)| heads * (self.rows[r].pos + 1 + BLOCK_TOKENS);
-        let total: usize = items.clone().map(cost).sum();
-        let mut before = 0;
-        let mine = items.filter(|item| {
-            // The thread whose share of the total holds the item's midpoint takes it.
-            let c = cost(*item);
-            let owner = (2 * before + c) * w.threads_in_node / (2 * total.max(1));
-            before += c;
-            owner == w.tid_in_node
-        });
+        // Items (row, first head, heads) are dealt round-robin between holders, then claimed
+        // in chunks by the node's threads, each starting on an even share: a thread that
+        // runs slower, or whose share holds the longer sequences, is helped by the others.
+        // Per key/value group: the first (row·group + head) index, the step and the heads.
+        let deal = |rank: usize, holders: usize| if whole && holders == 1 { (0, group, group) } else { (rank, holders, 1) };
+        let count = |rank, holders| {
+            let (first, step, _) = deal(rank, holders);
+            (self.rows.len() * group).saturating_sub(first).div_ceil(step)
+        };
+        let item = |mut k: usize| {
+            for &(g, rank, holders) in &me.part.kv_groups {
+                let n = count(rank, holders);
+                if k < n {
+                    let (first, step, heads) = deal(rank, holders);
+                    let j = first + k * step;
+                    return (j / group, g * group + j % group, heads);
+                }
+                k -= n;
+            }
+            unreachable!("item index past the part's items")
+        };
+        let n_items = me.part.kv_groups.iter().map(|&(_, rank, holders)| count(rank, holders)).sum();
+        let mine = w.claim(n_items, 1, 1).flat_map(|range| range.map(item));
         for (r, h, heads) in mine {
             let row = self.rows[r];
             let kvh = h / group - me.part.kv_heads.start;
