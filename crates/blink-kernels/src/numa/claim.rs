@@ -152,14 +152,14 @@ mod tests {
         pool.run(|w| {
             for r in w.claim(3 * 64, 1, 1) {
                 if w.tid_in_node == 0 {
-                    std::thread::sleep(Duration::from_millis(5));
+                    std::thread::sleep(Duration::from_millis(20));
                     done_by_slow.fetch_add(r.len(), Ordering::Relaxed);
                 }
                 total.fetch_add(r.len(), Ordering::Relaxed);
             }
         });
         assert_eq!(total.load(Ordering::Relaxed), 3 * 64);
-        // Its own share is 64 items in 16 chunks of 4; alone it would take 80 ms, while
+        // Its own share is 64 items in 16 chunks of 4; alone it would take 320 ms, while
         // the others finish theirs at once and take what is left.
         assert!(done_by_slow.load(Ordering::Relaxed) < 32, "the slow thread did {} of its 64", done_by_slow.load(Ordering::Relaxed));
     }
