@@ -23,7 +23,8 @@ pub struct Worker<'a> {
     pub tid: usize,
     /// Threads taking part.
     pub n_threads: usize,
-    /// Which run of the pool this is: distinct for consecutive runs.
+    /// Which run of the pool this is: distinct for consecutive runs of a pool of several
+    /// threads (a one-thread pool has nobody to tell its runs apart from).
     pub(crate) run: usize,
     barrier: &'a Barrier,
 }
