@@ -236,13 +236,12 @@ impl Online {
         let (mut ms, mut vs) = ([[1f32; CHUNK]; P], [[1f32; CHUNK]; P]);
         for p in 0..P {
             exp(&mut arg[p]);
+            // Both rows written at every position, a select each: as stores chosen by
+            // `rose`, the compiler made scatters of them, slow on Zen 4.
             for t in 0..m {
-                let e = arg[p][t];
-                if rose[p][t] {
-                    ms[p][t] = e;
-                } else {
-                    vs[p][t] = e;
-                }
+                let (e, rose) = (arg[p][t], rose[p][t]);
+                ms[p][t] = if rose { e } else { 1.0 };
+                vs[p][t] = if rose { 1.0 } else { e };
             }
         }
         for t in 0..m {
