@@ -398,6 +398,19 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         let rope = &self.model.rope;
         let (qr, kr) = (me.part.q_heads.clone(), me.part.kv_heads.clone());
         let (qc, kc) = (qr.start * hd..qr.end * hd, kr.start * hd..kr.end * hd);
+        let slot_at = |r: usize, h: usize| {
+            let row = self.rows[r];
+            me.layout.offset(layer, self.tables.get(row.seq)[row.pos / BLOCK_TOKENS], h, row.pos % BLOCK_TOKENS)
+        };
+        // The cache lines the rows' keys and values go to are rarely in cache, and stores
+        // that miss stall the thread once its store buffer fills: ask for them first.
+        for r in w.share(self.rows.len(), 1) {
+            for h in 0..kr.len() {
+                let at = slot_at(r, h);
+                // SAFETY: only addresses are taken; nothing reads these slots in this phase.
+                unsafe { attention::prefetch(me.kc.slice(at..at + hd), me.vc.slice(at..at + hd)) };
+            }
+        }
         // SAFETY: per-thread scratch row.
         let angles = unsafe { me.rope.row_mut(w.tid_in_node) };
         for r in w.share(self.rows.len(), 1) {
@@ -418,10 +431,8 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             q.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
             k.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
 
-            let block = self.tables.get(row.seq)[row.pos / BLOCK_TOKENS];
-            let slot = row.pos % BLOCK_TOKENS;
             for h in 0..kr.len() {
-                let at = me.layout.offset(layer, block, h, slot);
+                let at = slot_at(r, h);
                 unsafe {
                     T::from_f32_slice(&k[h * hd..(h + 1) * hd], me.kc.slice_mut(at..at + hd));
                     T::from_f32_slice(&v[h * hd..(h + 1) * hd], me.vc.slice_mut(at..at + hd));
