@@ -66,6 +66,12 @@ impl CacheElem for f16 {
     }
     #[inline]
     fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        assert_eq!(src.len(), dst.len());
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("f16c") {
+            // SAFETY: the CPU has F16C; `dst` holds f16 bit patterns, as many as `src`.
+            return unsafe { x86::to_f16(src, dst.as_mut_ptr() as *mut u16) };
+        }
         dst.convert_from_f32_slice(src);
     }
 }
@@ -101,6 +107,12 @@ pub fn prepare_query<T: CacheElem>(q: &[f32], out: &mut [f32]) {
     if !T::HALF {
         out.copy_from_slice(q);
         return;
+    }
+    assert_eq!(q.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has F16C; `out` is as long as `q`.
+        return unsafe { x86::round_f16_slice(q, out) };
     }
     // Through f16 and back in bulk, a stack chunk at a time.
     let mut half = [f16::ZERO; 64];
@@ -292,6 +304,32 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
     unsafe fn chunked_avx512<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: f32, states: &mut [Online], acc: *mut f32) {
         chunked::<W, 3>(q, k, v, n, scale, states, acc)
+    }
+
+    /// `dst[i] = f16(src[i])` (nearest, ties to even) as bits, eight at a time: inlined,
+    /// where the `half` crate calls out per eight values (the cache stores of a step).
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn to_f16(src: &[f32], dst: *mut u16) {
+        let body = src.len() - src.len() % 8;
+        for i in (0..body).step_by(8) {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+            _mm_storeu_si128(dst.add(i) as *mut __m128i, h);
+        }
+        for (i, &v) in src.iter().enumerate().skip(body) {
+            *dst.add(i) = half::f16::from_f32(v).to_bits();
+        }
+    }
+
+    /// `out[i] = f32(f16(q[i]))`, eight at a time.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn round_f16_slice(q: &[f32], out: &mut [f32]) {
+        let body = q.len() - q.len() % 8;
+        for i in (0..body).step_by(8) {
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), round8(_mm256_loadu_ps(q.as_ptr().add(i))));
+        }
+        for (o, &v) in out.iter_mut().zip(q).skip(body) {
+            *o = half::f16::from_f32(v).to_f32();
+        }
     }
 
     /// Sixteen f32 lanes, the unit ggml's f16 dot product is defined on, as two halves.
@@ -573,6 +611,25 @@ mod arm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bulk_f16_conversions_round_as_one_value_does() {
+        // Every 2^-12 step of the f32 bit patterns (both signs, all exponents: subnormal
+        // and overflowing f16, infinities, NaNs), odd lengths for the tails.
+        let src: Vec<f32> = (0..=u32::MAX).step_by(4093).map(f32::from_bits).collect();
+        for len in [src.len(), 13, 7, 0] {
+            let src = &src[..len];
+            let mut dst = vec![f16::ZERO; len];
+            f16::from_f32_slice(src, &mut dst);
+            let mut rounded = vec![0f32; len];
+            prepare_query::<f16>(src, &mut rounded);
+            for ((&x, h), r) in src.iter().zip(&dst).zip(&rounded) {
+                let want = f16::from_f32(x);
+                assert!(h.to_bits() == want.to_bits() || (h.is_nan() && want.is_nan()), "{x:e}: {h} vs {want}");
+                assert!(r.to_bits() == want.to_f32().to_bits() || (r.is_nan() && want.is_nan()), "{x:e}: {r} vs {want}");
+            }
+        }
+    }
 
     /// A xorshift stream of values in [-1, 1].
     fn rng(seed: u32) -> impl FnMut() -> f32 {
