@@ -170,8 +170,11 @@ pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T]
     }
 }
 
-/// Ask the CPU to start loading `keys` and `values` into cache: for the block a caller
-/// attends next, whose rows are otherwise fetched from memory one miss at a time.
+/// Ask the CPU to start loading `keys` and `values` into its L2 cache: for a block a
+/// caller attends soon, whose rows are otherwise fetched from memory one miss at a time.
+/// (Into L2, not L1: a block is 64 lines, and prefetches into L1 held the core's L1 miss
+/// buffers, stalling the loads of the block being attended; 16 sequences decoding 256
+/// tokens ran ~4% faster.)
 pub fn prefetch<T: CacheElem>(keys: &[T], values: &[T]) {
     #[cfg(target_arch = "x86_64")]
     for rows in [keys, values] {
@@ -179,8 +182,8 @@ pub fn prefetch<T: CacheElem>(keys: &[T], values: &[T]) {
         for at in (0..bytes).step_by(64) {
             // SAFETY: a prefetch has no effect on memory; the addresses are in the slice.
             unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch::<_MM_HINT_T0>((rows.as_ptr() as *const i8).add(at));
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>((rows.as_ptr() as *const i8).add(at));
             }
         }
     }
