@@ -530,9 +530,9 @@ struct Ahead {
 }
 
 /// Tiles per group up to which the next group is fetched into L2: a group of few tiles is
-/// done sooner than L1 prefetches arrive, and they hold the miss buffers its own loads need
-/// (4 rows streamed: Q4_1 77 -> 89 GMAC/s, Q8_0 47 -> 74); with more tiles L1 is better (16
-/// rows: Q4_1 92 against 85).
+/// done sooner than L1 prefetches arrive, and they hold the miss buffers its own loads
+/// need (4 rows streamed, K = 576: Q4_1 ~80 -> 89 GMAC/s, Q8_0 ~47 -> 71); with more
+/// tiles L1 is better (16 rows: Q4_1 92 against 85).
 const L2_FETCH_MAX_TILES: usize = 3;
 
 impl Ahead {
