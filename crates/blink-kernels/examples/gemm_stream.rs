@@ -1,7 +1,8 @@
 //! Dev tool: packed GEMM speed on the active kernel path and dot order (`BLINK_KERNEL`,
 //! `BLINK_DOT_ORDER`), with the weights in cache (one matrix reused) against streamed from
 //! memory (100 copies in turn, or the 28 MB output matrix).
-//! `cargo run --release -p blink-kernels --example gemm_stream`
+//! `cargo run --release -p blink-kernels --example gemm_stream`; `COLS=1536` changes the
+//! matrices' width (default 576), `ACTS=1,4,16` the activation row counts (default 1,16).
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{gemm, prepare, Layout, Out};
@@ -15,7 +16,10 @@ fn main() {
     let isa = blink_kernels::cpu::active();
     let order = blink_kernels::order::active();
     println!("{isa}, {order} order");
-    let cols = 576;
+    let env = |name: &str| std::env::var(name).ok();
+    let cols: usize = env("COLS").map_or(576, |v| v.parse().expect("COLS: a number of columns"));
+    assert!(cols.is_multiple_of(32), "COLS: a multiple of 32");
+    let acts: Vec<usize> = env("ACTS").map_or(vec![1, 16], |v| v.split(',').map(|n| n.parse().expect("ACTS: counts like 1,4,16")).collect());
     for (ty, rows, copies) in [
         (GgmlType::Q4_1, 1536, 1),
         (GgmlType::Q4_1, 1536, 100),
@@ -29,7 +33,7 @@ fn main() {
             .collect();
         let act_ty = vec_dot_type(ty);
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
-        for n_act in [1usize, 16] {
+        for &n_act in &acts {
             let mut act = vec![0u8; n_act * stride];
             let x = values(n_act * cols, 2);
             for r in 0..n_act {
