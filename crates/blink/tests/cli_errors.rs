@@ -39,16 +39,28 @@ fn rejected_by(file: &Path, needle: &str, commands: &[&str]) {
     }
 }
 
-fn temp_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("blink-cli-errors-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A file in the temp directory, removed when dropped: the broken copies of the model
+/// are as large as the model, so they must not pile up across runs.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
 }
 
-fn write(name: &str, bytes: &[u8]) -> PathBuf {
-    let path = temp_dir().join(name);
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn write(name: &str, bytes: &[u8]) -> Scratch {
+    let file = format!("blink-cli-errors-{}-{name}", std::process::id());
+    let path = std::env::temp_dir().join(file);
     std::fs::write(&path, bytes).unwrap();
-    path
+    Scratch(path)
 }
 
 /// The real model's bytes and its parsed layout.
