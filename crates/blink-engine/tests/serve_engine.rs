@@ -1,7 +1,7 @@
 //! The continuous-batching engine on the real model: every request in a crowded batch gets
 //! exactly the tokens it gets alone, with each step built while the previous one computes;
 //! cancelled requests free their cache; shared prefixes are reused, to the token, with the
-//! same results as computing them.
+//! same results as computing them, even by requests that arrive while the prefix computes.
 
 mod support;
 
@@ -85,6 +85,37 @@ fn prefixes_are_reused_to_the_token_with_the_same_results() {
     let (tokens, cached) = run(&next);
     assert_eq!(cached, first.len() + reply.len() - 1, "the reply's last token was never fed back, so it is not cached");
     assert_eq!(tokens, solo(&next, 12));
+}
+
+#[test]
+fn a_burst_sharing_a_system_prompt_computes_it_once() {
+    let (model, tok) = model();
+    let system = "You are a careful assistant who answers in one short sentence and never guesses. ".repeat(6);
+    let questions = ["Why is the sky blue?", "What makes rain fall?", "Name a red planet.", "Why is the sky blue?"];
+    let prompts: Vec<Vec<u32>> = questions.iter().map(|q| tok.encode(&format!("{system}{q}"), false, true)).collect();
+    let common = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    assert!(common(&prompts[0], &prompts[1]) > 64, "the system prompt should span more than a step's prompt budget");
+
+    let solo = |prompt: &[u32]| {
+        let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
+        let params = GenerateParams { max_tokens: Some(8), sampling: SamplingParams::greedy(), ..Default::default() };
+        s.generate(&tok, prompt, &params, &mut |_| {}).unwrap().tokens
+    };
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    // All at once: the first prompt takes two steps to compute, long before it is done the
+    // others have arrived, and they wait for it rather than compute the system prompt again.
+    let mut subs: Vec<_> = prompts.iter().map(|p| engine.submit(greedy(p.clone(), 8)).unwrap()).collect();
+    let results: Vec<_> = subs.iter_mut().map(collect).collect();
+    assert_eq!(results[0].2, 0);
+    for i in 1..3 {
+        assert_eq!(results[i].2, common(&prompts[i], &prompts[0]), "request {i} should attach the system prompt");
+    }
+    // The repeated question attaches all of the first request's prompt but the last token.
+    assert_eq!(results[3].2, prompts[3].len() - 1);
+    for (i, (tokens, _, _)) in results.iter().enumerate() {
+        assert_eq!(tokens, &solo(&prompts[i]), "request {i} differs from its solo run");
+    }
+    settled(&engine);
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
-use blink_model::kv_cache::KvBlocks;
+use blink_model::kv_cache::{KvBlocks, BLOCK_TOKENS};
 use blink_model::{SeqId, StepRow};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -200,10 +200,19 @@ impl Control {
         }
     }
 
-    /// Admit waiting requests, in order, while their whole KV need can be reserved.
+    /// Admit waiting requests, in order, while their whole KV need can be reserved. A
+    /// request whose prompt shares at least a block's worth of uncached tokens with a
+    /// prompt still being computed waits for that prompt to be published, then attaches it
+    /// instead of computing the same tokens again (a burst of requests with one system
+    /// prompt computes it once); the requests behind it go ahead.
     fn admit(&mut self, kv: &mut KvBlocks) {
-        while self.running.len() < self.cfg.max_running {
-            let Some(p) = self.waiting.front() else { break };
+        let mut i = 0;
+        while i < self.waiting.len() && self.running.len() < self.cfg.max_running {
+            if self.cfg.prefix_cache && self.shares_a_prefill(&self.waiting[i].request.prompt) {
+                i += 1;
+                continue;
+            }
+            let p = &self.waiting[i];
             let id = kv.new_seq();
             let cached = if self.cfg.prefix_cache { kv.attach_prefix(id, &p.request.prompt).unwrap_or(0) } else { 0 };
             let total = p.request.prompt.len() + p.request.max_tokens;
@@ -211,7 +220,7 @@ impl Control {
                 kv.free_seq(id);
                 break;
             }
-            let p = self.waiting.pop_front().expect("front exists");
+            let p = self.waiting.remove(i).expect("index checked above");
             self.waiting_count.fetch_sub(1, Ordering::AcqRel);
             let mut sampler = Sampler::new(p.request.sampling.clone());
             for &t in &p.request.prompt {
@@ -237,6 +246,17 @@ impl Control {
                 done: None,
             });
         }
+    }
+
+    /// Whether a running prompt not yet computed (so not yet in the prefix cache) shares
+    /// with `prompt` at least [`BLOCK_TOKENS`] more tokens than that prompt found cached.
+    fn shares_a_prefill(&self, prompt: &[u32]) -> bool {
+        // The last token is always computed (its logits are needed), so never shared.
+        let usable = &prompt[..prompt.len().saturating_sub(1)];
+        self.running.iter().any(|s| {
+            let shared = usable.iter().zip(&s.tokens[..s.n_prompt]).take_while(|(a, b)| a == b).count();
+            s.done.is_none() && s.computed < s.n_prompt && shared >= s.cached + BLOCK_TOKENS
+        })
     }
 
     fn refresh_index(&mut self) {
