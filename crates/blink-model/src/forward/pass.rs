@@ -237,6 +237,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         let (n, hd) = (self.rows.len(), cfg.head_dim);
         let split = self.n_parts > 1;
         self.embed(w);
+        self.rope_angles(w, me);
         w.global_barrier();
         for (l, lw) in me.w.layers.iter().enumerate() {
             // Attention: the part's query heads (and the key/value heads they use).
@@ -321,6 +322,14 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                     other.x.row_mut(r).copy_from_slice(out);
                 }
             }
+        }
+    }
+
+    /// The rope angles of every row's position, computed once for all layers.
+    fn rope_angles(&self, w: &NodeWorker, me: &PartView<T>) {
+        for r in w.share(self.rows.len(), 1) {
+            // SAFETY: rope rows are split between the node's threads.
+            unsafe { self.model.rope.angles(self.rows[r].pos, me.rope.row_mut(r)) };
         }
     }
 
@@ -411,10 +420,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                 unsafe { attention::prefetch(me.kc.slice(at..at + hd), me.vc.slice(at..at + hd)) };
             }
         }
-        // SAFETY: per-thread scratch row.
-        let angles = unsafe { me.rope.row_mut(w.tid_in_node) };
         for r in w.share(self.rows.len(), 1) {
-            let row = self.rows[r];
             // SAFETY: each thread owns its rows of q, k, v, and the cache slots of those rows'
             // positions (distinct rows have distinct (sequence, position) pairs).
             let (q, k, v) = unsafe { (me.q.cols_mut(r, qc.clone()), me.k.cols_mut(r, kc.clone()), me.v.cols_mut(r, kc.clone())) };
@@ -427,7 +433,8 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                 q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, qn, cfg.norm_eps));
                 k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, kn, cfg.norm_eps));
             }
-            rope.angles(row.pos, angles);
+            // SAFETY: written before the pass's first barrier.
+            let angles = unsafe { me.rope.row(r) };
             q.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
             k.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
 

@@ -22,7 +22,7 @@ pub(super) struct PartScratch {
     pub up: Storage<f32>,
     /// Quantized activations, `[rows][act_stride]` bytes.
     pub act: Storage<u8>,
-    /// Per-thread rope angles, `[threads][n_dims]`.
+    /// Rope angles of each row's position, `[rows][n_dims]`.
     pub rope: Storage<f32>,
     /// Per-thread rounded query head, `[threads][head_dim]`.
     pub qh: Storage<f32>,
@@ -83,7 +83,7 @@ impl Scratch {
                     gate: f(max_rows * cfg.n_ff)?,
                     up: f(max_rows * cfg.n_ff)?,
                     act: Storage::<u8>::zeroed(max_rows * act_stride, home)?,
-                    rope: f(n_threads * cfg.rope.n_dims)?,
+                    rope: f(max_rows * cfg.rope.n_dims)?,
                     qh: f(n_threads * cfg.head_dim)?,
                 })
             })
