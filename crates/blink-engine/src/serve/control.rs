@@ -253,9 +253,9 @@ impl Control {
     fn shares_a_prefill(&self, prompt: &[u32]) -> bool {
         // The last token is always computed (its logits are needed), so never shared.
         let usable = &prompt[..prompt.len().saturating_sub(1)];
-        self.running.iter().any(|s| {
+        self.running.iter().filter(|s| s.done.is_none() && s.computed < s.n_prompt).any(|s| {
             let shared = usable.iter().zip(&s.tokens[..s.n_prompt]).take_while(|(a, b)| a == b).count();
-            s.done.is_none() && s.computed < s.n_prompt && shared >= s.cached + BLOCK_TOKENS
+            shared >= s.cached + BLOCK_TOKENS
         })
     }
 
