@@ -119,6 +119,28 @@ fn a_burst_sharing_a_system_prompt_computes_it_once() {
 }
 
 #[test]
+fn a_request_waiting_on_a_cancelled_prompt_still_runs() {
+    let (model, tok) = model();
+    let system = "You are a careful assistant who answers in one short sentence and never guesses. ".repeat(6);
+    let leader = tok.encode(&format!("{system}Tell me a long story about the sea."), false, true);
+    let follower = tok.encode(&format!("{system}What makes rain fall?"), false, true);
+    let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
+    let params = GenerateParams { max_tokens: Some(8), sampling: SamplingParams::greedy(), ..Default::default() };
+    let solo = s.generate(&tok, &follower, &params, &mut |_| {}).unwrap().tokens;
+
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    for _ in 0..3 {
+        // The follower waits for the leader's prompt, whose client then goes away: the
+        // follower must still run, and give its own reply.
+        let lead = engine.submit(greedy(leader.clone(), 50)).unwrap();
+        let mut follow = engine.submit(greedy(follower.clone(), 8)).unwrap();
+        drop(lead);
+        assert_eq!(collect(&mut follow).0, solo);
+    }
+    settled(&engine);
+}
+
+#[test]
 fn oversized_and_invalid_requests_are_refused() {
     let (model, tok) = model();
     let engine = Engine::start(model, tok.eog_ids().to_vec(), config());
