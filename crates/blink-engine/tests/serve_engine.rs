@@ -6,9 +6,8 @@
 mod support;
 
 use blink_engine::serve::{Engine, Event, Request};
-use blink_engine::{GenerateParams, SamplingParams, Session, SessionConfig};
-use blink_model::KvType;
-use support::{collect, config, greedy, model, settled};
+use blink_engine::SamplingParams;
+use support::{collect, config, greedy, model, settled, solo};
 
 #[test]
 fn batched_requests_match_their_solo_runs() {
@@ -48,11 +47,7 @@ fn cancelled_requests_free_their_cache_and_prefixes_are_reused() {
 #[test]
 fn prefixes_are_reused_to_the_token_with_the_same_results() {
     let (model, tok) = model();
-    let solo = |prompt: &[u32], n: usize| {
-        let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
-        let params = GenerateParams { max_tokens: Some(n), sampling: SamplingParams::greedy(), ..Default::default() };
-        s.generate(&tok, prompt, &params, &mut |_| {}).unwrap().tokens
-    };
+    let solo = |prompt: &[u32], n: usize| solo(&model, &tok, prompt, n);
     let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
     let run = |prompt: &[u32]| {
         let mut sub = engine.submit(greedy(prompt.to_vec(), 12)).unwrap();
@@ -96,11 +91,7 @@ fn a_burst_sharing_a_system_prompt_computes_it_once() {
     let common = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
     assert!(common(&prompts[0], &prompts[1]) > 64, "the system prompt should span more than a step's prompt budget");
 
-    let solo = |prompt: &[u32]| {
-        let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
-        let params = GenerateParams { max_tokens: Some(8), sampling: SamplingParams::greedy(), ..Default::default() };
-        s.generate(&tok, prompt, &params, &mut |_| {}).unwrap().tokens
-    };
+    let solo = |prompt: &[u32]| solo(&model, &tok, prompt, 8);
     let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
     // All at once: the first prompt takes two steps to compute, long before it is done the
     // others have arrived, and they wait for it rather than compute the system prompt again.
@@ -124,9 +115,7 @@ fn a_request_waiting_on_a_cancelled_prompt_still_runs() {
     let system = "You are a careful assistant who answers in one short sentence and never guesses. ".repeat(6);
     let leader = tok.encode(&format!("{system}Tell me a long story about the sea."), false, true);
     let follower = tok.encode(&format!("{system}What makes rain fall?"), false, true);
-    let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
-    let params = GenerateParams { max_tokens: Some(8), sampling: SamplingParams::greedy(), ..Default::default() };
-    let solo = s.generate(&tok, &follower, &params, &mut |_| {}).unwrap().tokens;
+    let solo = solo(&model, &tok, &follower, 8);
 
     let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
     for _ in 0..3 {

@@ -33,6 +33,14 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     Request { prompt, max_tokens, sampling: SamplingParams::greedy(), logprobs: None, ignore_eos: false }
 }
 
+/// The first `max_tokens` greedy tokens of `prompt` from a single-sequence session: the
+/// reference a served request must equal.
+pub fn solo(model: &Model, tok: &Tokenizer, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    let mut s = Session::new(model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
+    let params = GenerateParams { max_tokens: Some(max_tokens), sampling: SamplingParams::greedy(), ..Default::default() };
+    s.generate(tok, prompt, &params, &mut |_| {}).unwrap().tokens
+}
+
 /// Collect a submission's tokens and finish reason.
 pub fn collect(sub: &mut blink_engine::serve::Submission) -> (Vec<u32>, FinishReason, usize) {
     let mut tokens = Vec::new();
@@ -66,11 +74,7 @@ pub fn batched_requests_match_their_solo_runs(model: Arc<Model>, tok: &Tokenizer
     // Solo references from a single-sequence session.
     let solo: Vec<Vec<u32>> = PROMPTS
         .iter()
-        .map(|p| {
-            let mut s = Session::new(&model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
-            let params = GenerateParams { max_tokens: Some(24), sampling: SamplingParams::greedy(), ..Default::default() };
-            s.generate(tok, &tok.encode(p, false, true), &params, &mut |_| {}).unwrap().tokens
-        })
+        .map(|p| solo(&model, tok, &tok.encode(p, false, true), 24))
         .collect();
     let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
     let mut subs: Vec<_> = PROMPTS.iter().map(|p| engine.submit(greedy(tok.encode(p, false, true), 24)).unwrap()).collect();
