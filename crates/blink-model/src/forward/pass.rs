@@ -520,36 +520,43 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             unreachable!("item index past the part's items")
         };
         let n_items = me.part.kv_groups.iter().map(|&(_, rank, holders)| count(rank, holders)).sum();
-        let mine = w.claim(n_items, 1, 1).flat_map(|range| range.map(item));
-        for (r, h, heads) in mine {
-            let row = self.rows[r];
+        // The keys and values of an item's first blocks are asked for while the item
+        // before it computes, the later ones `PREFETCH_BLOCKS` blocks ahead of their use.
+        let n_pos = |r: usize| self.rows[r].pos + 1;
+        // SAFETY: the cache is read-only in this phase.
+        let block = |r: usize, h: usize, b: usize| unsafe {
+            let n = (n_pos(r) - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
             let kvh = h / group - me.part.kv_heads.start;
-            let table = self.tables.get(row.seq);
+            let at = me.layout.offset(layer, self.tables.get(self.rows[r].seq)[b], kvh, 0);
+            (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd), n)
+        };
+        let fetch = |r: usize, h: usize, blocks: Range<usize>| {
+            for b in blocks.start..blocks.end.min(n_pos(r).div_ceil(BLOCK_TOKENS)) {
+                let (keys, values, _) = block(r, h, b);
+                attention::prefetch(keys, values);
+            }
+        };
+        let mut mine = w.claim(n_items, 1, 1).flat_map(|range| range.map(item)).peekable();
+        let mut first = true;
+        while let Some((r, h, heads)) = mine.next() {
+            if std::mem::take(&mut first) {
+                fetch(r, h, 0..PREFETCH_BLOCKS);
+            }
+            if let Some(&(nr, nh, _)) = mine.peek() {
+                fetch(nr, nh, 0..PREFETCH_BLOCKS);
+            }
             let cols = h * hd..(h + heads) * hd;
             // SAFETY: q is read-only now; this thread owns heads h..h + heads of row r in
-            // every part's attn; the cache is read-only in this phase.
+            // every part's attn.
             let (q, acc) = unsafe { (me.q.cols(r, cols.clone()), me.attn.cols_mut(r, cols.clone())) };
             let qs = if heads == 1 { &mut qh[..] } else { &mut qg[..heads * hd] };
             attention::prepare_query::<T>(q, qs);
             acc.iter_mut().for_each(|a| *a = 0.0);
             let states = &mut states[..heads];
             states.fill(Online::default());
-            let n_pos = row.pos + 1;
-            let blocks = n_pos.div_ceil(BLOCK_TOKENS);
-            // SAFETY: the cache is read-only in this phase.
-            let block = |b: usize| unsafe {
-                let n = (n_pos - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
-                let at = me.layout.offset(layer, table[b], kvh, 0);
-                (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd), n)
-            };
-            for b in 0..blocks {
-                for ahead in if b == 0 { 1..PREFETCH_BLOCKS + 1 } else { PREFETCH_BLOCKS..PREFETCH_BLOCKS + 1 } {
-                    if b + ahead < blocks {
-                        let (keys, values, _) = block(b + ahead);
-                        attention::prefetch(keys, values);
-                    }
-                }
-                let (keys, values, n) = block(b);
+            for b in 0..n_pos(r).div_ceil(BLOCK_TOKENS) {
+                fetch(r, h, b + PREFETCH_BLOCKS..b + PREFETCH_BLOCKS + 1);
+                let (keys, values, n) = block(r, h, b);
                 attention::attend_heads::<T>(self.isa, qs, keys, values, n, scale, states, acc);
             }
             for (state, acc) in states.iter().zip(acc.chunks_exact_mut(hd)) {
