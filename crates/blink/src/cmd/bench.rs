@@ -2,14 +2,16 @@
 //!
 //! `pp<N>` evaluates an N-token prompt in one step from an empty cache; `tg<N>` generates N
 //! tokens one step at a time; with `--batch B`, `tg<N>` runs B sequences side by side and
-//! reports their aggregate speed. Each test is repeated `-r` times after one warm-up, and
-//! reported as mean ± standard deviation. `--bandwidth` also measures memory bandwidth with
+//! reports their aggregate speed. With `-d D` (`pp<N> @ d<D>`), every sequence's cache
+//! already holds D tokens when the timed part starts. Each test is repeated `-r` times after
+//! one warm-up, and reported as mean ± standard deviation. `--bandwidth` also measures memory bandwidth with
 //! a STREAM-style triad and relates decode speed to the bound it implies.
 
 use std::time::Instant;
 
 use blink_engine::rng::Rng;
 use blink_kernels::numa::NodePool;
+use blink_model::kv_cache::{KvCache, SeqId, BLOCK_TOKENS};
 use blink_model::{KvType, Model, Scratch, StepRow};
 use serde::Serialize;
 
@@ -25,6 +27,10 @@ pub struct Args {
     /// Generation lengths to test (comma-separated; 0 skips).
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
+    /// Context depths: tokens already in each sequence's cache when a test starts
+    /// (comma-separated; llama-bench's `-d`).
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0")]
+    depth: Vec<usize>,
     /// Thread counts to test (comma-separated; default: all CPUs).
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     threads: Vec<usize>,
@@ -57,6 +63,7 @@ struct Row {
     kernel: String,
     dot_order: String,
     test: String,
+    depth: usize,
     threads: usize,
     batch: usize,
     tok_s: f64,
@@ -89,10 +96,11 @@ pub fn main(args: Args) -> CliResult {
         println!("| --- | ---: | ---: | ---: |");
     }
     let mut rows = Vec::new();
-    let mut emit = |test: String, threads: usize, batch: usize, samples: Vec<f64>| {
+    let mut emit = |test: String, depth: usize, threads: usize, batch: usize, samples: Vec<f64>| {
         let (mean, sd) = mean_sd(&samples);
         if !args.json {
-            println!("| {test} | {threads} | {batch} | {mean:.2} ± {sd:.2} |");
+            let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
+            println!("| {test}{at} | {threads} | {batch} | {mean:.2} ± {sd:.2} |");
         }
         rows.push(Row {
             model: model.cfg.name.clone(),
@@ -100,6 +108,7 @@ pub fn main(args: Args) -> CliResult {
             kernel: kernel.name().to_string(),
             dot_order: order.name().to_string(),
             test,
+            depth,
             threads,
             batch,
             tok_s: mean,
@@ -118,14 +127,18 @@ pub fn main(args: Args) -> CliResult {
         };
         placed.push((t, accounting(model)));
         let pool = model.pool(t.max(1))?;
-        for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
-            let samples = repeat(args.reps, || prompt_speed(model, &pool, p, args.cache_type))?;
-            emit(format!("pp{p}"), t, 1, samples);
-        }
-        for &n in args.n_gen.iter().filter(|&&n| n > 0) {
-            for &b in args.batch.iter().filter(|&&b| b > 0) {
-                let samples = repeat(args.reps, || gen_speed(model, &pool, n, b, args.cache_type))?;
-                emit(format!("tg{n}"), t, b, samples);
+        for &d in &args.depth {
+            for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
+                let mut at = Depth::fill(model, &pool, 1, d, p, p, args.cache_type)?;
+                let samples = repeat(args.reps, || prompt_speed(model, &pool, &mut at, p))?;
+                emit(format!("pp{p}"), d, t, 1, samples);
+            }
+            for &n in args.n_gen.iter().filter(|&&n| n > 0) {
+                for &b in args.batch.iter().filter(|&&b| b > 0) {
+                    let mut at = Depth::fill(model, &pool, b, d, n + 1, b, args.cache_type)?;
+                    let samples = repeat(args.reps, || gen_speed(model, &pool, &mut at, n))?;
+                    emit(format!("tg{n}"), d, t, b, samples);
+                }
             }
         }
     }
@@ -204,35 +217,76 @@ fn random_tokens(model: &Model, n: usize, seed: u64) -> Vec<u32> {
     (0..n).map(|_| (rng.next_u64() % model.cfg.vocab_size as u64) as u32).collect()
 }
 
-/// Tokens per second evaluating an `n`-token prompt in one step.
-fn prompt_speed(model: &Model, pool: &NodePool, n: usize, kv_type: KvType) -> CliResult<f64> {
-    let mut kv = model.new_kv_cache(n, kv_type);
-    let seq = kv.new_seq();
-    let mut scratch = Scratch::new(model, n, 1, n, pool.n_threads());
+/// Prompt tokens evaluated per step while filling a cache to its depth.
+const FILL_ROWS: usize = 256;
+
+/// Sequences whose caches hold `depth` (random) tokens, the state each repetition of a
+/// test starts from.
+struct Depth {
+    kv: KvCache,
+    seqs: Vec<SeqId>,
+    scratch: Scratch,
+    depth: usize,
+}
+
+impl Depth {
+    /// `n_seqs` sequences filled to `depth`, with room for `more` tokens each in steps of up
+    /// to `max_rows` rows, one row per sequence with logits.
+    fn fill(model: &Model, pool: &NodePool, n_seqs: usize, depth: usize, more: usize, max_rows: usize, kv_type: KvType) -> CliResult<Depth> {
+        // Whole blocks per sequence.
+        let mut kv = model.new_kv_cache(n_seqs * KvCache::blocks_for(depth + more) * BLOCK_TOKENS, kv_type);
+        let seqs: Vec<SeqId> = (0..n_seqs).map(|_| kv.new_seq()).collect();
+        let rows = max_rows.max(FILL_ROWS.min(depth));
+        let mut scratch = Scratch::try_new(model, rows, n_seqs, depth + more, pool.n_threads())?;
+        let mut step = Vec::with_capacity(FILL_ROWS);
+        for (i, &seq) in seqs.iter().enumerate() {
+            let tokens = random_tokens(model, depth, 100 + i as u64);
+            for (c, chunk) in tokens.chunks(FILL_ROWS).enumerate() {
+                step.clear();
+                step.extend(chunk.iter().enumerate().map(|(j, &token)| StepRow { token, pos: c * FILL_ROWS + j, seq, logits: false }));
+                model.forward(pool, &mut kv, &step, &mut scratch)?;
+            }
+        }
+        Ok(Depth { kv, seqs, scratch, depth })
+    }
+
+    /// Forget what the last repetition added.
+    fn rewind(&mut self) -> CliResult {
+        for &seq in &self.seqs {
+            self.kv.truncate(seq, self.depth)?;
+        }
+        Ok(())
+    }
+}
+
+/// Tokens per second evaluating an `n`-token prompt in one step, after the depth.
+fn prompt_speed(model: &Model, pool: &NodePool, at: &mut Depth, n: usize) -> CliResult<f64> {
+    at.rewind()?;
+    let (seq, depth) = (at.seqs[0], at.depth);
     let rows: Vec<StepRow> = random_tokens(model, n, 1)
         .into_iter()
         .enumerate()
-        .map(|(pos, token)| StepRow { token, pos, seq, logits: pos + 1 == n })
+        .map(|(i, token)| StepRow { token, pos: depth + i, seq, logits: i + 1 == n })
         .collect();
     let start = Instant::now();
-    model.forward(pool, &mut kv, &rows, &mut scratch)?;
+    model.forward(pool, &mut at.kv, &rows, &mut at.scratch)?;
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
-/// Aggregate tokens per second generating `n` tokens in each of `batch` sequences.
-fn gen_speed(model: &Model, pool: &NodePool, n: usize, batch: usize, kv_type: KvType) -> CliResult<f64> {
-    let mut kv = model.new_kv_cache(batch * (n + 1), kv_type);
-    let seqs: Vec<usize> = (0..batch).map(|_| kv.new_seq()).collect();
-    let mut scratch = Scratch::new(model, batch, batch, n + 1, pool.n_threads());
+/// Aggregate tokens per second generating `n` tokens in each sequence, after the depth.
+fn gen_speed(model: &Model, pool: &NodePool, at: &mut Depth, n: usize) -> CliResult<f64> {
+    at.rewind()?;
+    let batch = at.seqs.len();
     let mut tokens = random_tokens(model, batch, 2);
     let mut rows: Vec<StepRow> = Vec::with_capacity(batch);
     let start = Instant::now();
-    for pos in 0..n {
+    for i in 0..n {
+        let pos = at.depth + i;
         rows.clear();
-        rows.extend(seqs.iter().zip(&tokens).map(|(&seq, &token)| StepRow { token, pos, seq, logits: true }));
-        model.forward(pool, &mut kv, &rows, &mut scratch)?;
+        rows.extend(at.seqs.iter().zip(&tokens).map(|(&seq, &token)| StepRow { token, pos, seq, logits: true }));
+        model.forward(pool, &mut at.kv, &rows, &mut at.scratch)?;
         for (i, t) in tokens.iter_mut().enumerate() {
-            *t = blink_engine::sampling::argmax(scratch.logits(i));
+            *t = blink_engine::sampling::argmax(at.scratch.logits(i));
         }
     }
     Ok((n * batch) as f64 / start.elapsed().as_secs_f64())
