@@ -1,9 +1,11 @@
 //! The key/value cache: a pool of fixed-size blocks shared by all sequences.
 //!
 //! Each sequence has a block table; position `p` of a sequence lives in block
-//! `table[p / BLOCK_TOKENS]` at slot `p % BLOCK_TOKENS`. Within a layer a block holds, per
-//! KV head, `BLOCK_TOKENS` rows of `head_dim` values, so one head's keys are contiguous
-//! inside a block. Storage is f16 (as llama.cpp keeps it) or f32, and is zero-initialised
+//! `table[p / BLOCK_TOKENS]` at slot `p % BLOCK_TOKENS`. Within a layer each KV head has its
+//! own run of the pool's blocks, each `BLOCK_TOKENS` rows of `head_dim` values: one head's
+//! keys are contiguous inside a block and across blocks of consecutive ids, which a
+//! sequence that reserves its blocks together mostly has, so attention reads it as one
+//! stream the hardware prefetcher follows. Storage is f16 (as llama.cpp keeps it) or f32, and is zero-initialised
 //! lazily by the OS, so an unused budget costs address space, not memory.
 //!
 //! A sequence's computed tokens can be published to a prefix cache ([`pool`]); a later
@@ -60,13 +62,15 @@ pub struct KvLayout {
     pub n_layers: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Blocks in the pool.
+    n_blocks: usize,
     /// Elements of one layer's K (or V) buffer: the whole pool of blocks.
     layer_elems: usize,
 }
 
 impl KvLayout {
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, n_blocks: usize) -> KvLayout {
-        let mut l = KvLayout { n_layers, n_kv_heads, head_dim, layer_elems: 0 };
+        let mut l = KvLayout { n_layers, n_kv_heads, head_dim, n_blocks, layer_elems: 0 };
         l.layer_elems = n_blocks * l.block_elems();
         l
     }
@@ -84,7 +88,7 @@ impl KvLayout {
     /// Offset of (layer, block, head, slot) in the K or V buffer.
     #[inline]
     pub fn offset(&self, layer: usize, block: u32, head: usize, slot: usize) -> usize {
-        self.layer_offset(layer) + ((block as usize * self.n_kv_heads + head) * BLOCK_TOKENS + slot) * self.head_dim
+        self.layer_offset(layer) + ((head * self.n_blocks + block as usize) * BLOCK_TOKENS + slot) * self.head_dim
     }
 
     #[inline]
