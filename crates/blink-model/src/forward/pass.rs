@@ -533,8 +533,8 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             let at = me.layout.offset(layer, self.tables.get(self.rows[r].seq)[b], kvh, 0);
             (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd), n)
         };
-        let fetch = |r: usize, h: usize, blocks: Range<usize>| {
-            for b in blocks.start..blocks.end.min(n_pos(r).div_ceil(BLOCK_TOKENS)) {
+        let fetch_start = |r: usize, h: usize| {
+            for b in 0..PREFETCH_BLOCKS.min(n_pos(r).div_ceil(BLOCK_TOKENS)) {
                 let (keys, values, _) = block(r, h, b);
                 attention::prefetch(keys, values);
             }
@@ -543,10 +543,10 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         let mut first = true;
         while let Some((r, h, heads)) = mine.next() {
             if std::mem::take(&mut first) {
-                fetch(r, h, 0..PREFETCH_BLOCKS);
+                fetch_start(r, h);
             }
             if let Some(&(nr, nh, _)) = mine.peek() {
-                fetch(nr, nh, 0..PREFETCH_BLOCKS);
+                fetch_start(nr, nh);
             }
             let cols = h * hd..(h + heads) * hd;
             // SAFETY: q is read-only now; this thread owns heads h..h + heads of row r in

@@ -5,8 +5,9 @@
 //! own run of the pool's blocks, each `BLOCK_TOKENS` rows of `head_dim` values: one head's
 //! keys are contiguous inside a block and across blocks of consecutive ids, which a
 //! sequence that reserves its blocks together mostly has, so attention reads it as one
-//! stream the hardware prefetcher follows. Storage is f16 (as llama.cpp keeps it) or f32, and is zero-initialised
-//! lazily by the OS, so an unused budget costs address space, not memory.
+//! stream the hardware prefetcher follows. Storage is f16 (as llama.cpp keeps it) or f32,
+//! and is zero-initialised lazily by the OS, so an unused budget costs address space, not
+//! memory.
 //!
 //! A sequence's computed tokens can be published to a prefix cache ([`pool`]); a later
 //! sequence starting with the same tokens attaches them instead of recomputing them: whole

@@ -4,8 +4,9 @@
 //! tokens one step at a time; with `--batch B`, `tg<N>` runs B sequences side by side and
 //! reports their aggregate speed. With `-d D` (`pp<N> @ d<D>`), every sequence's cache
 //! already holds D tokens when the timed part starts. Each test is repeated `-r` times after
-//! one warm-up, and reported as mean ± standard deviation. `--bandwidth` also measures memory bandwidth with
-//! a STREAM-style triad and relates decode speed to the bound it implies.
+//! one warm-up, and reported as mean ± standard deviation. `--bandwidth` also measures
+//! memory bandwidth with a STREAM-style triad and relates decode speed to the bound it
+//! implies.
 
 use std::time::Instant;
 
