@@ -1,7 +1,8 @@
 //! The continuous-batching engine on the real model: every request in a crowded batch gets
 //! exactly the tokens it gets alone, with each step built while the previous one computes;
 //! cancelled requests free their cache; shared prefixes are reused, to the token, with the
-//! same results as computing them, even by requests that arrive while the prefix computes.
+//! same results as computing them, even by requests that arrive while the prefix computes;
+//! a request that arrives while a step computes joins the next one.
 
 mod support;
 
@@ -127,6 +128,31 @@ fn a_request_waiting_on_a_cancelled_prompt_still_runs() {
         assert_eq!(collect(&mut follow).0, solo);
     }
     settled(&engine);
+}
+
+#[test]
+fn requests_arriving_mid_step_join_the_next_step() {
+    let (model, tok) = model();
+    let prompts = ["The tallest mountain on Earth is", "A recipe for bread needs", "The planets of the solar system are"];
+    let prompts: Vec<Vec<u32>> = prompts.iter().map(|p| tok.encode(p, false, true)).collect();
+    let solos: Vec<Vec<u32>> = prompts.iter().map(|p| solo(&model, &tok, p, 10)).collect();
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    // A long request keeps a step computing at any moment; the others arrive while one
+    // does (a millisecond after a token event, which goes out as a step starts).
+    let long = greedy(tok.encode("Write a long story about a lighthouse keeper.", false, true), 200);
+    let mut lead = engine.submit(Request { ignore_eos: true, ..long }).unwrap();
+    let mut subs = Vec::new();
+    for prompt in &prompts {
+        assert!(matches!(lead.blocking_next(), Some(Event::Token { .. })));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        subs.push(engine.submit(greedy(prompt.clone(), 10)).unwrap());
+    }
+    for (sub, solo) in subs.iter_mut().zip(&solos) {
+        assert_eq!(&collect(sub).0, solo);
+    }
+    drop(lead);
+    let stats = settled(&engine);
+    assert!(stats.requests_admitted_late > 0, "no request was admitted between steps: {stats:?}");
 }
 
 #[test]

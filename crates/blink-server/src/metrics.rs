@@ -133,6 +133,7 @@ impl Metrics {
         counter(&mut out, "blink_engine_step_seconds_total", "Wall time of engine steps.", s.step_seconds_total);
         counter(&mut out, "blink_engine_compute_seconds_total", "Time of engine steps spent in the forward pass.", s.compute_seconds_total);
         counter(&mut out, "blink_engine_steps_planned_ahead_total", "Engine steps built while the previous step computed.", s.steps_planned_ahead as f64);
+        counter(&mut out, "blink_engine_requests_admitted_late_total", "Requests admitted between two steps, into the step about to start, having arrived after the control work beside the step before.", s.requests_admitted_late as f64);
         counter(&mut out, "blink_engine_beside_seconds_total", "Control work (hand-off, admission, planning) done while a step computed, off the critical path.", s.beside_seconds_total);
         out
     }

@@ -91,6 +91,9 @@ pub struct EngineStats {
     /// pass, and the seconds that work took there, off the critical path.
     pub steps_planned_ahead: u64,
     pub beside_seconds_total: f64,
+    /// Requests admitted between two passes, into the step about to start (they arrived
+    /// after the control work beside the last pass).
+    pub requests_admitted_late: u64,
 }
 
 impl EngineStats {

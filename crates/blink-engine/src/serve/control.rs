@@ -4,8 +4,9 @@
 //! from idle). It hands the previous step's events to their clients, reports and releases
 //! finished sequences, takes new requests, forgets cancelled ones, admits waiting requests
 //! (reserving their whole KV need, so the cache is never over-committed) and plans the
-//! next step's prompt chunks. What is left between two passes is only sampling and
-//! putting the rows together (`scheduler`).
+//! next step's prompt chunks. What is left between two passes is sampling, admitting the
+//! requests that came during the pass ([`Control::admit_late`]) and putting the rows
+//! together (`scheduler`).
 //!
 //! Sequences are named by their cache id while they run: a step's rows refer to them by
 //! it, and [`Control::index`] finds them however the list of running sequences has
@@ -126,11 +127,30 @@ impl Control {
         self.drop_cancelled();
         self.admit(kv);
         self.refresh_index();
+        self.planned.clear();
         self.plan_prompts(decoding);
         self.publish_stats(kv);
         if self.disconnected && self.idle() {
             self.stop = true;
         }
+    }
+
+    /// Between two passes: admit the requests that arrived while the last step computed,
+    /// and plan their prompts into the coming step's unused budget. Without this they would
+    /// wait for the step after it (`plan_next` for the coming step ran as the last one
+    /// started), so under load a request's first token would come a whole step later.
+    /// Does nothing more than look at the channel unless a request is there.
+    pub(super) fn admit_late(&mut self, kv: &mut KvBlocks, decoding: usize) {
+        let before = self.waiting.len();
+        self.take_commands();
+        if self.waiting.len() == before {
+            return;
+        }
+        let running = self.running.len();
+        self.admit(kv);
+        self.stats.requests_admitted_late += (self.running.len() - running) as u64;
+        self.refresh_index();
+        self.plan_prompts(decoding);
     }
 
     fn send_events(&mut self) {
@@ -268,11 +288,10 @@ impl Control {
         }
     }
 
-    /// Plan chunks of pending prompts for the next step, oldest request first, within the
-    /// token budget left by up to `decoding` decode rows.
+    /// Add chunks of pending prompts to the next step's plan, oldest request first, within
+    /// the token budget left by up to `decoding` decode rows and the rows already planned.
     fn plan_prompts(&mut self, decoding: usize) {
-        self.planned.clear();
-        let mut budget = self.cfg.step_tokens.saturating_sub(decoding);
+        let mut budget = self.cfg.step_tokens.saturating_sub(decoding + self.planned.len());
         for seq in &mut self.running {
             if budget == 0 {
                 break;

@@ -1,8 +1,9 @@
 //! The engine thread's step loop, pipelined: while step n computes on the pool's own
 //! threads, the engine thread builds step n+1 (`control`: hand-off of step n−1's events,
-//! releases, new requests, admission, prompt chunks). Between two passes it only samples
-//! step n's logits and puts step n+1's rows together: one decode row per generating
-//! sequence, then the planned prompt chunks.
+//! releases, new requests, admission, prompt chunks). Between two passes it samples step
+//! n's logits, admits any request that arrived during step n into step n+1, and puts step
+//! n+1's rows together: one decode row per generating sequence, then the planned prompt
+//! chunks.
 //!
 //! Each step is timed: its wall time (from the end of the previous pass to the end of its
 //! own) and its pass. `f_ctrl = 1 − pass/wall` is the share the serving stack adds to the
@@ -74,8 +75,11 @@ impl Scheduler {
                     self.ctl.wait_for_command();
                 }
                 started = Instant::now();
-                let decoding = self.ctl.running.iter().filter(|s| s.next.is_some()).count();
+                let decoding = self.decoding();
                 self.ctl.plan_next(&mut self.kv, decoding);
+            } else {
+                let decoding = self.decoding();
+                self.ctl.admit_late(&mut self.kv, decoding);
             }
             if self.ctl.stop {
                 return;
@@ -112,6 +116,11 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Sequences with a sampled token to feed back: the coming step's decode rows.
+    fn decoding(&self) -> usize {
+        self.ctl.running.iter().filter(|s| s.next.is_some()).count()
     }
 
     /// Put the step together: a decode row per generating sequence, then the planned
