@@ -11,6 +11,39 @@ use clap::Args;
 /// Errors of the CLI: one line each.
 pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
+/// The text a command works on: given inline (`-p`) or read from a file (`-f`, `-` for
+/// standard input), as llama.cpp's tools take it.
+#[derive(Args, Clone, Debug)]
+#[group(required = true, multiple = false)]
+pub struct PromptArgs {
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: Option<String>,
+    /// Read the prompt from this file (`-`: standard input); one final newline is dropped.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    file: Option<PathBuf>,
+}
+
+impl PromptArgs {
+    pub fn text(&self) -> CliResult<String> {
+        let Some(path) = &self.file else {
+            return Ok(self.prompt.clone().unwrap_or_default());
+        };
+        let bytes = if path.as_os_str() == "-" {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map_err(|e| format!("cannot read the prompt from standard input: {e}"))?;
+            bytes
+        } else {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        };
+        let mut text = String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 text (invalid byte at offset {})", path.display(), e.utf8_error().valid_up_to()))?;
+        if text.ends_with('\n') {
+            text.pop();
+        }
+        Ok(text)
+    }
+}
+
 /// Which model to load.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {

@@ -70,6 +70,23 @@ fn real_model() -> (Vec<u8>, GgufFile) {
 }
 
 #[test]
+fn unreadable_prompt_files_are_clear_errors() {
+    let model = model_path();
+    let not_text = write("not-text.txt", &[b'h', b'i', 0xff, 0xfe]);
+    let missing = std::env::temp_dir().join("blink-cli-errors-no-such-prompt.txt");
+    for (file, needle) in [(not_text.to_str().unwrap(), "not UTF-8 text (invalid byte at offset 2)"), (missing.to_str().unwrap(), "cannot read")] {
+        let m = model.to_str().unwrap();
+        for args in [vec!["run", "-m", m, "-n", "1", "-f", file], vec!["tokenize", "-m", m, "-f", file]] {
+            let out = blink(&args);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(err.starts_with("error: ") && err.contains(needle), "{args:?}: {err}");
+        }
+    }
+}
+
+#[test]
 fn truncated_model_is_rejected_at_every_stage() {
     let (bytes, file) = real_model();
     let data = file.data_offset() as usize;

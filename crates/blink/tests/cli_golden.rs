@@ -19,6 +19,28 @@ fn tokenize_matches_llama_cpp() {
 }
 
 #[test]
+fn prompts_from_a_file_or_stdin_tokenize_as_llama_cpp() {
+    let model = model_path();
+    let model = model.to_str().unwrap();
+    let file = std::env::temp_dir().join(format!("blink-cli-golden-{}.txt", std::process::id()));
+    for case in golden()["tokenize"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u64> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        // As llama.cpp's `-f`, one final newline is dropped.
+        let input = format!("{text}\n");
+        std::fs::write(&file, &input).unwrap();
+        let from_file = blink(&["tokenize", "-m", model, "-f", file.to_str().unwrap()]);
+        let from_stdin = blink_with_stdin(&["tokenize", "-m", model, "-f", "-"], input.as_bytes());
+        for out in [from_file, from_stdin] {
+            ok(&out);
+            let ids: Vec<u64> = serde_json::from_str(stdout(&out).trim()).expect("a JSON array of ids");
+            assert_eq!(ids, want, "tokenize {text:?}");
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
 fn greedy_run_starts_with_the_owed_text() {
     let model = model_path();
     let model = model.to_str().unwrap();

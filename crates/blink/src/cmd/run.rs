@@ -5,15 +5,14 @@ use std::io::Write;
 use blink_engine::{GenerateParams, Session, SessionConfig};
 use blink_model::chat_template::ChatMessage;
 
-use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
+use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, PromptArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// The prompt.
-    #[arg(short = 'p', long = "prompt")]
-    prompt: String,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Use the prompt as is, without the chat template; special tokens written in it
     /// (such as <|im_start|>) are parsed as tokens.
     #[arg(long)]
@@ -37,15 +36,16 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> CliResult {
+    let text = args.prompt.text()?;
     let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
     let prompt = if args.raw {
-        loaded.tokenizer.encode(&args.prompt, true, true)
+        loaded.tokenizer.encode(&text, true, true)
     } else {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(ChatMessage::new("system", system));
         }
-        messages.push(ChatMessage::new("user", &args.prompt));
+        messages.push(ChatMessage::new("user", &text));
         chat_prompt(&loaded, &messages)?
     };
     let cfg = SessionConfig {

@@ -2,15 +2,14 @@
 
 use blink_model::tokenizer::Tokenizer;
 
-use crate::common::{CliResult, ModelArgs};
+use crate::common::{CliResult, ModelArgs, PromptArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// The text to tokenize.
-    #[arg(short = 'p', long = "prompt")]
-    prompt: String,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Do not add BOS even if the model's metadata asks for it.
     #[arg(long = "no-bos")]
     no_bos: bool,
@@ -20,10 +19,11 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> CliResult {
+    let text = args.prompt.text()?;
     let path = args.model.path()?;
     let file = args.model.open()?;
     let tok = Tokenizer::from_gguf(&file).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut ids = tok.encode(&args.prompt, false, !args.no_parse_special);
+    let mut ids = tok.encode(&text, false, !args.no_parse_special);
     if !args.no_bos && tok.add_bos() {
         if let Some(bos) = tok.bos() {
             ids.insert(0, bos);

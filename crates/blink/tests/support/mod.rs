@@ -29,6 +29,21 @@ pub fn blink(args: &[&str]) -> Output {
         .expect("blink runs")
 }
 
+/// Run the `blink` binary with `args`, `input` on its standard input.
+pub fn blink_with_stdin(args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_blink"))
+        .args(args)
+        .env("BLINK_LOG", "")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("blink runs");
+    child.stdin.take().unwrap().write_all(input).expect("blink reads its input");
+    child.wait_with_output().expect("blink runs")
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
