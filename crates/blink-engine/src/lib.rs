@@ -15,7 +15,7 @@ use blink_model::kv_cache::KvError;
 use blink_model::ForwardError;
 use thiserror::Error;
 
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{Sampler, SamplingParams, MAX_REPEAT_LAST_N};
 pub use session::{FinishReason, GenerateParams, Generation, Session, SessionConfig};
 
 /// Why a request could not be served. Messages are one line, fit for users.
@@ -31,6 +31,9 @@ pub enum EngineError {
     BadToken { token: u32, vocab: usize },
     #[error("invalid parameter: {0}")]
     BadParams(String),
+    /// A cache or buffer sized from the user's options could not be had.
+    #[error("no memory for {what} of {tokens} tokens ({reason})")]
+    NoMemory { what: &'static str, tokens: usize, reason: String },
     #[error(transparent)]
     Forward(ForwardError),
     #[error(transparent)]

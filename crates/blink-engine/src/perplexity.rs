@@ -43,19 +43,23 @@ pub fn perplexity(
     if ctx < 4 {
         return Err(EngineError::BadParams(format!("context size {ctx} is too small for perplexity")));
     }
-    if tokens.len() < 2 * ctx {
+    if tokens.len() / 2 < ctx {
         return Err(EngineError::BadParams(format!(
             "need at least {} tokens (2 × context) for perplexity, the text has {}",
-            2 * ctx,
+            ctx.saturating_mul(2),
             tokens.len()
         )));
+    }
+    if cfg.max_chunks == Some(0) {
+        return Err(EngineError::BadParams("the number of chunks must be at least 1".into()));
     }
     let n_chunks = (tokens.len() / ctx).min(cfg.max_chunks.unwrap_or(usize::MAX));
     let n_batch = cfg.n_batch.clamp(1, ctx);
     let first = ctx / 2;
     let pool = model.pool(cfg.n_threads).map_err(|e| EngineError::BadParams(e.to_string()))?;
-    let mut scratch = Scratch::new(model, n_batch, n_batch, ctx, cfg.n_threads);
-    let mut kv = model.new_kv_cache(ctx, cfg.kv_type);
+    let no_memory = |what| move |e: blink_model::ModelError| EngineError::NoMemory { what, tokens: ctx, reason: e.to_string() };
+    let mut kv = model.try_new_kv_cache(ctx, cfg.kv_type).map_err(no_memory("a KV cache"))?;
+    let mut scratch = Scratch::try_new(model, n_batch, n_batch, ctx, cfg.n_threads).map_err(no_memory("step buffers"))?;
     let mut rows = Vec::with_capacity(n_batch);
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
 

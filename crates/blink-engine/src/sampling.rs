@@ -49,6 +49,10 @@ impl Default for SamplingParams {
     }
 }
 
+/// Longest penalty window (`repeat_last_n`) accepted: far past any context in use, small
+/// enough that the window's buffers are always allocatable.
+pub const MAX_REPEAT_LAST_N: usize = 1 << 20;
+
 impl SamplingParams {
     /// Greedy decoding with no penalties.
     pub fn greedy() -> Self {
@@ -72,6 +76,9 @@ impl SamplingParams {
         }
         if self.repeat_penalty <= 0.0 {
             return Err(format!("repeat_penalty must be positive, got {}", self.repeat_penalty));
+        }
+        if self.repeat_last_n > MAX_REPEAT_LAST_N {
+            return Err(format!("repeat_last_n must be at most {MAX_REPEAT_LAST_N}, got {}", self.repeat_last_n));
         }
         Ok(())
     }

@@ -86,26 +86,30 @@ pub struct Session<'m> {
 }
 
 impl<'m> Session<'m> {
-    pub fn new(model: &'m Model, cfg: &SessionConfig) -> Session<'m> {
+    /// A session with its own cache of `cfg.n_ctx` tokens; fails if there is no memory for
+    /// it.
+    pub fn new(model: &'m Model, cfg: &SessionConfig) -> Result<Session<'m>, EngineError> {
         let n_ctx = cfg.n_ctx.max(1);
         let n_batch = cfg.n_batch.clamp(1, n_ctx);
-        let mut kv = model.new_kv_cache(n_ctx, cfg.kv_type);
+        let no_memory = |what| move |e: blink_model::ModelError| EngineError::NoMemory { what, tokens: n_ctx, reason: e.to_string() };
+        let mut kv = model.try_new_kv_cache(n_ctx, cfg.kv_type).map_err(no_memory("a KV cache"))?;
+        let scratch = Scratch::try_new(model, n_batch, 1, n_ctx, cfg.n_threads).map_err(no_memory("step buffers"))?;
         let seq = kv.new_seq();
         // The one sequence owns the whole cache; taking its blocks now keeps decoding
         // free of allocations (the memory itself is still touched lazily).
         kv.reserve(seq, n_ctx).expect("a fresh cache holds its own size");
-        Session {
+        Ok(Session {
             model,
             // The model validated its placement when it was built, so its pool builds.
             pool: model.pool(cfg.n_threads).expect("a pool for the model's placement"),
-            scratch: Scratch::new(model, n_batch, 1, n_ctx, cfg.n_threads),
+            scratch,
             kv,
             seq,
             tokens: Vec::with_capacity(n_ctx),
             rows: Vec::with_capacity(n_batch),
             n_ctx,
             n_batch,
-        }
+        })
     }
 
     pub fn n_ctx(&self) -> usize {

@@ -13,7 +13,7 @@ fn block_order_keeps_batch_invariance_and_determinism() {
     assert_eq!(order::active(), DotOrder::Block);
     support::batched_requests_match_their_solo_runs(model.clone(), &tok);
     // The same request twice, alone, gives the same tokens.
-    let engine = blink_engine::serve::Engine::start(model, tok.eog_ids().to_vec(), support::config());
+    let engine = blink_engine::serve::Engine::start(model, tok.eog_ids().to_vec(), support::config()).unwrap();
     let prompt = tok.encode(support::PROMPTS[1], false, true);
     let runs: Vec<_> = (0..2).map(|_| support::collect(&mut engine.submit(support::greedy(prompt.clone(), 24)).unwrap()).0).collect();
     assert_eq!(runs[0], runs[1]);

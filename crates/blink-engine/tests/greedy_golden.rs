@@ -28,7 +28,7 @@ fn greedy_ids_match_llama_cpp() {
         assert_eq!(tok.encode(case["prompt"].as_str().unwrap(), true, true), prompt);
         let want = ids(&case["ids"]);
         let owed = case["exact_tokens_owed"].as_u64().unwrap() as usize;
-        let mut session = Session::new(&model, &cfg);
+        let mut session = Session::new(&model, &cfg).unwrap();
         let params = GenerateParams { max_tokens: Some(want.len()), sampling: SamplingParams::greedy(), ..Default::default() };
         let g = session.generate(&tok, &prompt, &params, &mut |_| {}).unwrap();
         // llama.cpp's ids end with EOS when it stopped there; ours leave it out.

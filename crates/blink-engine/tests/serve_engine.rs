@@ -24,7 +24,7 @@ fn batched_requests_match_their_solo_runs() {
 #[test]
 fn cancelled_requests_free_their_cache_and_prefixes_are_reused() {
     let (model, tok) = model();
-    let engine = Engine::start(model, tok.eog_ids().to_vec(), config());
+    let engine = Engine::start(model, tok.eog_ids().to_vec(), config()).unwrap();
     let system = "You are a helpful assistant. Answer briefly and precisely, and never make things up. ".repeat(3);
     let prompt = |q: &str| tok.encode(&format!("{system}{q}"), false, true);
 
@@ -49,7 +49,7 @@ fn cancelled_requests_free_their_cache_and_prefixes_are_reused() {
 fn prefixes_are_reused_to_the_token_with_the_same_results() {
     let (model, tok) = model();
     let solo = |prompt: &[u32], n: usize| solo(&model, &tok, prompt, n);
-    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config()).unwrap();
     let run = |prompt: &[u32]| {
         let mut sub = engine.submit(greedy(prompt.to_vec(), 12)).unwrap();
         let (tokens, _, cached) = collect(&mut sub);
@@ -93,7 +93,7 @@ fn a_burst_sharing_a_system_prompt_computes_it_once() {
     assert!(common(&prompts[0], &prompts[1]) > 64, "the system prompt should span more than a step's prompt budget");
 
     let solo = |prompt: &[u32]| solo(&model, &tok, prompt, 8);
-    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config()).unwrap();
     // All at once: the first prompt takes two steps to compute, long before it is done the
     // others have arrived, and they wait for it rather than compute the system prompt again.
     let mut subs: Vec<_> = prompts.iter().map(|p| engine.submit(greedy(p.clone(), 8)).unwrap()).collect();
@@ -118,7 +118,7 @@ fn a_request_waiting_on_a_cancelled_prompt_still_runs() {
     let follower = tok.encode(&format!("{system}What makes rain fall?"), false, true);
     let solo = solo(&model, &tok, &follower, 8);
 
-    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config()).unwrap();
     for _ in 0..3 {
         // The follower waits for the leader's prompt, whose client then goes away: the
         // follower must still run, and give its own reply.
@@ -136,7 +136,7 @@ fn requests_arriving_mid_step_join_the_next_step() {
     let prompts = ["The tallest mountain on Earth is", "A recipe for bread needs", "The planets of the solar system are"];
     let prompts: Vec<Vec<u32>> = prompts.iter().map(|p| tok.encode(p, false, true)).collect();
     let solos: Vec<Vec<u32>> = prompts.iter().map(|p| solo(&model, &tok, p, 10)).collect();
-    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config()).unwrap();
     // A long request keeps a step computing at any moment; the others arrive while one
     // does (a millisecond after a token event, which goes out as a step starts).
     let long = greedy(tok.encode("Write a long story about a lighthouse keeper.", false, true), 200);
@@ -158,7 +158,7 @@ fn requests_arriving_mid_step_join_the_next_step() {
 #[test]
 fn oversized_and_invalid_requests_are_refused() {
     let (model, tok) = model();
-    let engine = Engine::start(model, tok.eog_ids().to_vec(), config());
+    let engine = Engine::start(model, tok.eog_ids().to_vec(), config()).unwrap();
     assert!(engine.submit(greedy(vec![], 4)).is_err());
     assert!(engine.submit(greedy(vec![1; 500], 100)).is_err());
     assert!(engine.submit(greedy(vec![1, 2], 0)).is_err());

@@ -50,6 +50,12 @@ impl GgufFile {
                 source,
             }
         };
+        // Only a regular file can be mapped; opening a FIFO would also wait for a writer.
+        let kind = std::fs::metadata(path).map_err(io_err("open"))?.file_type();
+        if !kind.is_file() {
+            let what = if kind.is_dir() { "it is a directory" } else { "it is not a regular file" };
+            return Err(io_err("open")(std::io::Error::new(std::io::ErrorKind::InvalidInput, what)));
+        }
         let file = File::open(path).map_err(io_err("open"))?;
         let len = file.metadata().map_err(io_err("stat"))?.len();
         let backing = if len == 0 {

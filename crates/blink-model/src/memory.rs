@@ -15,7 +15,7 @@ impl<T: Zeroable> Storage<T> {
     /// lazily, so untouched parts cost no memory.
     pub fn zeroed(len: usize, home: Option<(&Topology, usize)>) -> Result<Self, NumaError> {
         Ok(match home {
-            None => Storage::Heap(heap_zeroed(len)),
+            None => Storage::Heap(heap_zeroed(len)?),
             Some((topology, node)) => Storage::Node(NodeBuffer::new(topology, node, len)?),
         })
     }
@@ -42,18 +42,20 @@ impl<T: Zeroable> DerefMut for Storage<T> {
 
 /// A vector of `n` zeros from `alloc_zeroed`, whose pages the OS provides lazily;
 /// `vec![x; n]` would write every element of types it does not know to be zero.
-fn heap_zeroed<T: Zeroable>(n: usize) -> Vec<T> {
+/// Failing, not aborting, when there is no memory: sizes come from the user.
+fn heap_zeroed<T: Zeroable>(n: usize) -> Result<Vec<T>, NumaError> {
     if n == 0 || std::mem::size_of::<T>() == 0 {
-        return Vec::new();
+        return Ok(Vec::new());
     }
-    let layout = std::alloc::Layout::array::<T>(n).expect("buffer size fits the address space");
+    let elem_size = std::mem::size_of::<T>();
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| NumaError::TooLarge { len: n, elem_size })?;
     // SAFETY: Zeroable types are valid as all-zero bits; the pointer comes from the global
     // allocator with exactly this layout, as Vec requires.
     unsafe {
         let ptr = std::alloc::alloc_zeroed(layout) as *mut T;
         if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            return Err(NumaError::OutOfMemory { bytes: layout.size() });
         }
-        Vec::from_raw_parts(ptr, n, n)
+        Ok(Vec::from_raw_parts(ptr, n, n))
     }
 }

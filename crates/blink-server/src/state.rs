@@ -116,8 +116,10 @@ impl Ready {
         if kv_tokens < ctx {
             return Err(format!("--kv-budget ({kv_tokens} tokens) must be at least --ctx-size ({ctx} tokens)"));
         }
-        if opts.parallel == 0 || opts.step_tokens == 0 {
-            return Err("--parallel and --step-tokens must be at least 1".into());
+        for (name, value) in [("--parallel", opts.parallel), ("--step-tokens", opts.step_tokens), ("--queue", opts.queue)] {
+            if value == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
         }
         let cfg = EngineConfig {
             n_threads: placement.n_threads(),
@@ -137,7 +139,7 @@ impl Ready {
             aliases.push(name.to_owned());
         }
         let eog = tokenizer.eog_ids().to_vec();
-        let engine = Engine::start(Arc::new(model), eog, cfg);
+        let engine = Engine::start(Arc::new(model), eog, cfg).map_err(|e| e.to_string())?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Ok(Ready { engine, tokenizer, template, model_id, aliases, created, max_seq_len: ctx })
     }

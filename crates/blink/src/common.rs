@@ -138,6 +138,7 @@ impl NumaArgs {
         use blink_kernels::numa::Topology;
         match (self.numa.as_deref(), self.numa_nodes) {
             (_, Some(0)) => Err("--numa-nodes must be at least 1".into()),
+            (_, Some(n)) if n > blink_model::forward::MAX_PARTS => Err(format!("--numa-nodes must be at most {}", blink_model::forward::MAX_PARTS).into()),
             (Some("off"), Some(_)) => Err("--numa-nodes needs --numa tp".into()),
             (_, Some(n)) => Ok(Placement::tensor_parallel(Topology::simulated(n), threads)),
             (Some("off"), None) => Ok(Placement::flat(threads)),
@@ -154,11 +155,22 @@ pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
     KvType::parse(s).ok_or_else(|| format!("unknown cache type '{s}' (use f16 or f32)"))
 }
 
+/// Most compute threads a command takes: far past any CPU count (beyond it, threads only
+/// fail to spawn).
+const MAX_THREADS: usize = 4096;
+
+/// A `-t` value: 0 or none means every available CPU.
+pub fn resolve_threads(threads: Option<usize>) -> CliResult<usize> {
+    match threads.filter(|&t| t > 0) {
+        Some(t) if t > MAX_THREADS => Err(format!("-t/--threads must be at most {MAX_THREADS}, got {t}").into()),
+        Some(t) => Ok(t),
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
 impl ComputeArgs {
-    pub fn threads(&self) -> usize {
-        self.threads
-            .filter(|&t| t > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    pub fn threads(&self) -> CliResult<usize> {
+        resolve_threads(self.threads)
     }
 
     pub fn ctx(&self, model: &Model) -> usize {
@@ -183,7 +195,7 @@ impl Loaded {
         let placement = match compute {
             Some(c) => {
                 c.kernel.apply()?;
-                c.numa.placement(c.threads())?
+                c.numa.placement(c.threads()?)?
             }
             None => Placement::flat(1),
         };
@@ -203,15 +215,26 @@ impl Loaded {
     }
 }
 
+/// A `--seed` value: `None` for -1 (llama.cpp's "random").
+#[derive(Clone, Copy, Debug)]
+pub struct Seed(Option<u64>);
+
+fn parse_seed(s: &str) -> Result<Seed, String> {
+    match s.trim() {
+        "-1" => Ok(Seed(None)),
+        s => s.parse().map(|v| Seed(Some(v))).map_err(|_| format!("'{s}' is not a seed (0 to {}, or -1 for a random one)", u64::MAX)),
+    }
+}
+
 /// Sampling options (llama.cpp's flag names).
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Temperature; 0 means greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    /// Temperature; 0 (or less) means greedy.
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
-    /// Random seed (default: a fresh one each run).
-    #[arg(short = 's', long = "seed")]
-    pub seed: Option<u64>,
+    /// Random seed (default, or -1: a fresh one each run).
+    #[arg(short = 's', long = "seed", allow_negative_numbers = true, value_parser = parse_seed)]
+    pub seed: Option<Seed>,
     /// Keep only the k most likely tokens (0: off).
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
@@ -224,9 +247,9 @@ pub struct SamplingArgs {
     /// Penalise repeats of recent tokens (1: off).
     #[arg(long = "repeat-penalty", default_value_t = 1.0)]
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalties consider.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    pub repeat_last_n: usize,
+    /// How many recent tokens the penalties consider (0: none, -1: the whole context).
+    #[arg(long = "repeat-last-n", default_value_t = 64, allow_negative_numbers = true)]
+    pub repeat_last_n: i64,
     /// Subtract this per earlier occurrence of a token.
     #[arg(long = "frequency-penalty", default_value_t = 0.0)]
     pub frequency_penalty: f32,
@@ -236,18 +259,25 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn params(&self) -> blink_engine::SamplingParams {
-        blink_engine::SamplingParams {
+    /// The checked parameters for a context of `n_ctx` tokens.
+    pub fn params(&self, n_ctx: usize) -> CliResult<blink_engine::SamplingParams> {
+        let repeat_last_n = match self.repeat_last_n {
+            -1 => n_ctx,
+            n => usize::try_from(n).map_err(|_| format!("--repeat-last-n must be -1 (the whole context) or more, got {n}"))?,
+        };
+        let params = blink_engine::SamplingParams {
             temperature: self.temp,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
+            repeat_last_n: repeat_last_n.min(n_ctx),
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
-            seed: self.seed,
-        }
+            seed: self.seed.and_then(|s| s.0),
+        };
+        params.validate()?;
+        Ok(params)
     }
 }
 

@@ -41,6 +41,14 @@ fn main() {
     // llama.cpp's servers spell --parallel `-np`; clap's short flags are one letter.
     let args: Vec<_> = std::env::args_os().collect();
     let serving = args.get(1).is_some_and(|c| c == "serve" || c == "bench-serve");
+    if !serving {
+        // Like other command-line tools, end quietly when the reader of our output goes
+        // away (`blink info | head`): Rust ignores SIGPIPE, which turns every later print
+        // into a panic, and a `run` would keep generating for nobody. A server keeps
+        // ignoring it (its sockets report errors per client instead).
+        // SAFETY: restoring a signal's default action, before any other thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let cli = Cli::parse_from(args.into_iter().map(|a| if serving && a == "-np" { "--parallel".into() } else { a }));
     let result = match cli.command {
         Command::Run(a) => cmd::run::main(a),

@@ -33,3 +33,24 @@ fn chat_streams_replies_and_keeps_the_conversation() {
     assert_eq!(replies[0], stdout(&run).trim(), "the first chat reply differs from `blink run`");
     assert_ne!(replies[1], replies[0]);
 }
+
+#[test]
+fn a_line_that_is_not_utf8_is_skipped_and_the_chat_goes_on() {
+    let model = model_path();
+    let model = model.to_str().unwrap();
+    let out = blink_with_stdin(&["chat", "-m", model, "--temp", "0", "-n", "4", "-t", THREADS], b"Hi\n\xff\xfe\nWhat is the capital of Italy?\n");
+    let err = stderr(&out);
+    assert!(out.status.success(), "chat failed: {err}");
+    assert!(err.contains("not UTF-8"), "{err}");
+    let text = stdout(&out);
+    let replies: Vec<&str> = text.split("> ").map(str::trim).filter(|s| !s.is_empty()).collect();
+    assert_eq!(replies.len(), 2, "expected replies to both good lines, got {text:?}");
+}
+
+#[test]
+fn bad_sampling_options_fail_before_the_first_message() {
+    let model = model_path();
+    let out = blink_with_stdin(&["chat", "-m", model.to_str().unwrap(), "--top-p", "2"], b"");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("top_p must be in [0, 1]"), "{}", stderr(&out));
+}

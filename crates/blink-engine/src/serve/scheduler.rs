@@ -22,6 +22,7 @@ use super::api::{EngineStats, Event, TokenLogprobs};
 use super::control::Control;
 use super::{Command, EngineConfig};
 use crate::session::FinishReason;
+use crate::EngineError;
 
 pub(super) struct Scheduler {
     model: Arc<Model>,
@@ -41,13 +42,15 @@ impl Scheduler {
         commands: Receiver<Command>,
         stats: Arc<Mutex<EngineStats>>,
         waiting_count: Arc<AtomicU64>,
-    ) -> Scheduler {
+    ) -> Result<Scheduler, EngineError> {
         eog.sort_unstable();
         let cfg = EngineConfig { max_running: cfg.max_running.max(1), step_tokens: cfg.step_tokens.max(1), ..cfg.clone() };
-        let max_rows = cfg.step_tokens + cfg.max_running;
-        let kv = model.new_kv_cache(cfg.kv_tokens.max(1), cfg.kv_type);
-        let scratch = Scratch::new(&model, max_rows, cfg.max_running, cfg.max_seq_len.max(1), cfg.n_threads.max(1));
-        Scheduler {
+        let max_rows = cfg.step_tokens.saturating_add(cfg.max_running);
+        let no_memory = |what, tokens| move |e: blink_model::ModelError| EngineError::NoMemory { what, tokens, reason: e.to_string() };
+        let kv = model.try_new_kv_cache(cfg.kv_tokens.max(1), cfg.kv_type).map_err(no_memory("a KV cache", cfg.kv_tokens))?;
+        let scratch = Scratch::try_new(&model, max_rows, cfg.max_running, cfg.max_seq_len.max(1), cfg.n_threads.max(1))
+            .map_err(no_memory("step buffers", max_rows))?;
+        Ok(Scheduler {
             // The model validated its placement when it was built, so its pool builds.
             pool: model.detached_pool(cfg.n_threads.max(1)).expect("a pool for the model's placement"),
             ctl: Control::new(cfg, commands, stats, waiting_count, kv.n_blocks()),
@@ -56,7 +59,7 @@ impl Scheduler {
             rows: Vec::with_capacity(max_rows),
             eog,
             model,
-        }
+        })
     }
 
     /// Tokens the whole cache holds.

@@ -36,7 +36,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
 /// The first `max_tokens` greedy tokens of `prompt` from a single-sequence session: the
 /// reference a served request must equal.
 pub fn solo(model: &Model, tok: &Tokenizer, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
-    let mut s = Session::new(model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 });
+    let mut s = Session::new(model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 }).unwrap();
     let params = GenerateParams { max_tokens: Some(max_tokens), sampling: SamplingParams::greedy(), ..Default::default() };
     s.generate(tok, prompt, &params, &mut |_| {}).unwrap().tokens
 }
@@ -76,7 +76,7 @@ pub fn batched_requests_match_their_solo_runs(model: Arc<Model>, tok: &Tokenizer
         .iter()
         .map(|p| solo(&model, tok, &tok.encode(p, false, true), 24))
         .collect();
-    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config());
+    let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config()).unwrap();
     let mut subs: Vec<_> = PROMPTS.iter().map(|p| engine.submit(greedy(tok.encode(p, false, true), 24)).unwrap()).collect();
     for (i, sub) in subs.iter_mut().enumerate() {
         let (tokens, _, _) = collect(sub);

@@ -51,6 +51,9 @@ pub enum NumaError {
     /// The element type needs more alignment than a page gives.
     #[error("element alignment {0} exceeds the page size")]
     Alignment(usize),
+    /// The allocator had no memory for a buffer.
+    #[error("cannot allocate {bytes} bytes: out of memory")]
+    OutOfMemory { bytes: usize },
     /// The OS refused to map memory.
     #[error("mapping {bytes} bytes failed: {source}")]
     Map { bytes: usize, source: std::io::Error },

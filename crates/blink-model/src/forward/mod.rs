@@ -9,6 +9,8 @@
 //! sequence's result does not depend on its batch-mates.
 
 mod pass;
+
+pub use pass::MAX_PARTS;
 mod scratch;
 
 use blink_kernels::numa::NodePool;

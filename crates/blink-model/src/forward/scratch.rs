@@ -1,6 +1,7 @@
 //! Working memory of the forward pass, allocated once for a maximum step size: one set of
 //! buffers per part, in that part's memory, plus the shared logits.
 
+use blink_kernels::numa::NumaError;
 use blink_kernels::quant;
 
 use crate::kv_cache::TableSnapshot;
@@ -68,6 +69,11 @@ impl Scratch {
             .max()
             .unwrap_or(0)
             .next_multiple_of(64);
+        // No buffer is wider than this per row: sizes whose products overflow are refused
+        // before anything is allocated.
+        let widest = [cfg.n_embd, cfg.q_dim(), cfg.n_ff, cfg.vocab_size, cfg.rope.n_dims].into_iter().max().unwrap_or(0) * 4 + act_stride;
+        let too_large = || ModelError::Memory(NumaError::TooLarge { len: max_rows, elem_size: widest });
+        max_rows.checked_mul(widest).filter(|&b| b <= isize::MAX as usize).ok_or_else(too_large)?;
         let placement = model.placement();
         let parts = (0..model.parts.len())
             .map(|node| {
@@ -87,8 +93,12 @@ impl Scratch {
                     qh: f(n_threads * cfg.head_dim)?,
                 })
             })
-            .collect::<Result<Vec<_>, blink_kernels::numa::NumaError>>()
-            .map_err(|e| ModelError::Placement(e.to_string()))?;
+            .collect::<Result<Vec<_>, NumaError>>()
+            .map_err(ModelError::Memory)?;
+        let n_logits = max_logit_rows * cfg.vocab_size;
+        let mut logits = Vec::new();
+        logits.try_reserve_exact(n_logits).map_err(|_| ModelError::Memory(NumaError::OutOfMemory { bytes: n_logits * 4 }))?;
+        logits.resize(n_logits, 0.0);
         Ok(Scratch {
             max_rows,
             max_logit_rows,
@@ -96,7 +106,7 @@ impl Scratch {
             n_threads,
             act_stride,
             parts,
-            logits: vec![0.0; max_logit_rows * cfg.vocab_size],
+            logits,
             logit_rows: Vec::with_capacity(max_rows),
             next_pos: Vec::new(),
             // Room for every row to be its own sequence at the longest context.

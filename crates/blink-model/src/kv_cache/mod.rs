@@ -178,8 +178,11 @@ impl KvCache {
         let shards = shards
             .iter()
             .map(|&(heads, home)| {
+                // Blocks of this shard's keys (or values) over all layers.
+                let block_bytes = n_layers.saturating_mul(heads * BLOCK_TOKENS * head_dim * ty.bytes());
+                let too_large = NumaError::TooLarge { len: n_blocks, elem_size: block_bytes };
+                let elems = n_blocks.checked_mul(heads * BLOCK_TOKENS * head_dim).and_then(|e| e.checked_mul(n_layers)).ok_or(too_large)?;
                 let layout = KvLayout::new(n_layers, heads, head_dim, n_blocks);
-                let elems = n_layers * layout.layer_elems;
                 let data = match ty {
                     KvType::F16 => KvData::F16(KvStore { k: Storage::zeroed(elems, home)?, v: Storage::zeroed(elems, home)? }),
                     KvType::F32 => KvData::F32(KvStore { k: Storage::zeroed(elems, home)?, v: Storage::zeroed(elems, home)? }),

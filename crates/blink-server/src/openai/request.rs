@@ -111,7 +111,7 @@ fn parse_common(f: &Fields) -> Result<Common, ApiError> {
         top_p: f.num("top_p", 0.0, 1.0)?.unwrap_or(d.top_p),
         min_p: f.num("min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
         repeat_penalty: f.num("repeat_penalty", 1e-3, 100.0)?.unwrap_or(d.repeat_penalty),
-        repeat_last_n: f.int("repeat_last_n", 0, 1 << 20)?.map_or(d.repeat_last_n, |n| n as usize),
+        repeat_last_n: f.int("repeat_last_n", 0, blink_engine::MAX_REPEAT_LAST_N as i64)?.map_or(d.repeat_last_n, |n| n as usize),
         frequency_penalty: f.num("frequency_penalty", -2.0, 2.0)?.unwrap_or(d.frequency_penalty),
         presence_penalty: f.num("presence_penalty", -2.0, 2.0)?.unwrap_or(d.presence_penalty),
         seed: f.seed("seed")?,

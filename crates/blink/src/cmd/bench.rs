@@ -16,7 +16,7 @@ use blink_model::kv_cache::{KvCache, SeqId, BLOCK_TOKENS};
 use blink_model::{KvType, Model, Scratch, StepRow};
 use serde::Serialize;
 
-use crate::common::{CliResult, KernelArgs, Loaded, ModelArgs, NumaArgs};
+use crate::common::{resolve_threads, CliResult, KernelArgs, Loaded, ModelArgs, NumaArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -75,9 +75,9 @@ struct Row {
 pub fn main(args: Args) -> CliResult {
     args.kernel.apply()?;
     let threads = if args.threads.is_empty() {
-        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
+        vec![resolve_threads(None)?]
     } else {
-        args.threads.clone()
+        args.threads.iter().map(|&t| resolve_threads(Some(t))).collect::<CliResult<Vec<_>>>()?
     };
     // A tensor-parallel placement depends on the thread count: load per count then.
     let first = Loaded::load_placed(&args.model, &args.numa.placement(threads[0])?)?;
@@ -127,7 +127,7 @@ pub fn main(args: Args) -> CliResult {
             model
         };
         placed.push((t, accounting(model)));
-        let pool = model.pool(t.max(1))?;
+        let pool = model.pool(t)?;
         for &d in &args.depth {
             for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
                 let mut at = Depth::fill(model, &pool, 1, d, p, p, args.cache_type)?;
@@ -136,7 +136,7 @@ pub fn main(args: Args) -> CliResult {
             }
             for &n in args.n_gen.iter().filter(|&&n| n > 0) {
                 for &b in args.batch.iter().filter(|&&b| b > 0) {
-                    let mut at = Depth::fill(model, &pool, b, d, n + 1, b, args.cache_type)?;
+                    let mut at = Depth::fill(model, &pool, b, d, n.saturating_add(1), b, args.cache_type)?;
                     let samples = repeat(args.reps, || gen_speed(model, &pool, &mut at, n))?;
                     emit(format!("tg{n}"), d, t, b, samples);
                 }
@@ -235,7 +235,11 @@ impl Depth {
     /// to `max_rows` rows, one row per sequence with logits.
     fn fill(model: &Model, pool: &NodePool, n_seqs: usize, depth: usize, more: usize, max_rows: usize, kv_type: KvType) -> CliResult<Depth> {
         // Whole blocks per sequence.
-        let mut kv = model.new_kv_cache(n_seqs * KvCache::blocks_for(depth + more) * BLOCK_TOKENS, kv_type);
+        let tokens = depth
+            .checked_add(more)
+            .and_then(|t| KvCache::blocks_for(t).checked_mul(BLOCK_TOKENS * n_seqs))
+            .ok_or("the test's KV cache does not fit in memory; use smaller -p, -n, -d or --batch")?;
+        let mut kv = model.try_new_kv_cache(tokens, kv_type)?;
         let seqs: Vec<SeqId> = (0..n_seqs).map(|_| kv.new_seq()).collect();
         let rows = max_rows.max(FILL_ROWS.min(depth));
         let mut scratch = Scratch::try_new(model, rows, n_seqs, depth + more, pool.n_threads())?;

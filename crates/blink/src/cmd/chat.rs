@@ -36,15 +36,15 @@ pub fn main(args: Args) -> CliResult {
     }
     let cfg = SessionConfig {
         n_ctx: args.compute.ctx(&loaded.model),
-        n_threads: args.compute.threads(),
+        n_threads: args.compute.threads()?,
         n_batch: args.compute.batch_size,
         kv_type: args.compute.cache_type,
     };
-    let mut session = Session::new(&loaded.model, &cfg);
+    let mut session = Session::new(&loaded.model, &cfg)?;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
     let params = GenerateParams {
         max_tokens: usize::try_from(args.max_tokens).ok(),
-        sampling: args.sampling.params(),
+        sampling: args.sampling.params(cfg.n_ctx)?,
         stop: Vec::new(),
         ignore_eos: false,
     };
@@ -58,8 +58,16 @@ pub fn main(args: Args) -> CliResult {
             write!(out, "\n> ")?;
             out.flush()?;
         }
-        let Some(line) = lines.next() else { break };
-        let line = line?;
+        let line = match lines.next() {
+            None => break,
+            Some(Ok(line)) => line,
+            // The reader has consumed the line: say so, and go on with the next one.
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                eprintln!("error: that line is not UTF-8 text; it was ignored");
+                continue;
+            }
+            Some(Err(e)) => return Err(e.into()),
+        };
         let input = line.trim();
         match input {
             "" => continue,

@@ -7,15 +7,16 @@ use blink_engine::perplexity::{perplexity, PerplexityConfig};
 use crate::common::{CliResult, ComputeArgs, Loaded, ModelArgs};
 
 #[derive(clap::Args)]
+#[command(mut_arg("ctx_size", |a| a.help("Context size in tokens of each chunk (default: 512, as llama.cpp's perplexity)")))]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     /// Text file to evaluate.
     #[arg(short = 'f', long = "file")]
     file: std::path::PathBuf,
-    /// Evaluate at most this many chunks.
-    #[arg(long = "chunks")]
-    chunks: Option<usize>,
+    /// Evaluate at most this many chunks (at least 1).
+    #[arg(long = "chunks", value_parser = clap::value_parser!(u64).range(1..))]
+    chunks: Option<u64>,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -29,9 +30,9 @@ pub fn main(args: Args) -> CliResult {
     let cfg = PerplexityConfig {
         ctx,
         n_batch: args.compute.batch_size.min(ctx),
-        n_threads: args.compute.threads(),
+        n_threads: args.compute.threads()?,
         kv_type: args.compute.cache_type,
-        max_chunks: args.chunks,
+        max_chunks: args.chunks.map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
     };
     eprintln!("blink: {} tokens, {} chunks of {ctx}", tokens.len(), tokens.len() / ctx);
     let started = std::time::Instant::now();

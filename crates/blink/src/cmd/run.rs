@@ -50,14 +50,14 @@ pub fn main(args: Args) -> CliResult {
     };
     let cfg = SessionConfig {
         n_ctx: args.compute.ctx(&loaded.model),
-        n_threads: args.compute.threads(),
+        n_threads: args.compute.threads()?,
         n_batch: args.compute.batch_size,
         kv_type: args.compute.cache_type,
     };
-    let mut session = Session::new(&loaded.model, &cfg);
+    let mut session = Session::new(&loaded.model, &cfg)?;
     let params = GenerateParams {
         max_tokens: usize::try_from(args.max_tokens).ok(),
-        sampling: args.sampling.params(),
+        sampling: args.sampling.params(cfg.n_ctx)?,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
     };

@@ -76,7 +76,7 @@ pub struct EngineArgs {
 impl EngineArgs {
     /// Model options for the file at `path`.
     pub fn options(&self, path: std::path::PathBuf) -> CliResult<ModelOptions> {
-        let threads = self.threads.filter(|&t| t > 0).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads = crate::common::resolve_threads(self.threads)?;
         Ok(ModelOptions {
             placement: Some(self.numa.placement(threads)?),
             threads: self.threads.unwrap_or(0),
