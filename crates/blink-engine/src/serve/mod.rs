@@ -162,6 +162,12 @@ impl Engine {
         Ok(Submission { id, events: events_rx })
     }
 
+    /// Whether the engine thread is still serving (it stops only when told to, or on a bug).
+    pub fn is_running(&self) -> bool {
+        let thread = self.shared.thread.lock().unwrap_or_else(|e| e.into_inner());
+        thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     /// A snapshot of the engine's counters.
     pub fn stats(&self) -> EngineStats {
         self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()

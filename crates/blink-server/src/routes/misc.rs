@@ -19,16 +19,17 @@ pub async fn index() -> Html<&'static str> {
     Html(INDEX_HTML)
 }
 
-/// 200 `{"status": "ok"}` once the model is loaded, 503 `{"status": "loading"}` before.
+/// 200 `{"status": "ok"}` once the model is loaded, 503 `{"status": "loading"}` before, and
+/// 503 `{"status": "error"}` if the engine thread has stopped (a bug: requests then fail).
 pub async fn health(State(app): State<App>) -> Response {
-    match app.try_ready() {
-        Some(_) => json_response(&json!({"status": "ok"})).into_response(),
-        None => {
-            let mut r = json_response(&json!({"status": "loading"})).into_response();
-            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            r
-        }
-    }
+    let (status, body) = match app.try_ready() {
+        Some(ready) if ready.engine.is_running() => (StatusCode::OK, json!({"status": "ok"})),
+        Some(_) => (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "error", "error": "the engine has stopped"})),
+        None => (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "loading"})),
+    };
+    let mut r = json_response(&body).into_response();
+    *r.status_mut() = status;
+    r
 }
 
 fn model_entry(ready: &Ready) -> Value {
