@@ -1,7 +1,8 @@
 //! A small HTTP/1.1 client with server-sent-event reading, on hyper and tokio.
 //!
 //! One connection per request (no pooling): enough for `blink bench-serve` and the tests,
-//! and it keeps every request's timing independent.
+//! and it keeps every request's timing independent. A server that goes silent for
+//! [`IDLE`] fails the request rather than hanging the client.
 
 use axum::http::{header, HeaderMap, Method, Request};
 use bytes::{Buf, Bytes, BytesMut};
@@ -10,6 +11,19 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::TcpStream;
+
+/// Longest wait for a connection, an answer, a whole plain body, or the next piece of a
+/// stream.
+pub const IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `fut`, or an error naming `what` if it takes longer than [`IDLE`].
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    within_limit(IDLE, what, fut).await
+}
+
+async fn within_limit<T>(limit: std::time::Duration, what: &str, fut: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| Err(format!("{what}: no answer in {:.0?}", limit)))
+}
 
 /// Where a server is: `http://HOST:PORT[/PREFIX]`.
 #[derive(Clone, Debug)]
@@ -71,7 +85,8 @@ impl EventStream {
                 }
                 return Err(format!("the stream ended inside an event: {:?}", String::from_utf8_lossy(&self.buf)));
             }
-            match self.body.frame().await {
+            let frame = within("reading the stream", async { Ok(self.body.frame().await) }).await?;
+            match frame {
                 None => self.ended = true,
                 Some(Err(e)) => return Err(format!("reading the stream failed: {e}")),
                 Some(Ok(frame)) => {
@@ -116,7 +131,8 @@ impl Client {
     }
 
     async fn send(&self, method: Method, path: &str, body: Option<Bytes>) -> Result<hyper::Response<Incoming>, String> {
-        let stream = TcpStream::connect(&self.host).await.map_err(|e| format!("cannot connect to {}: {e}", self.host))?;
+        let connect = async { TcpStream::connect(&self.host).await.map_err(|e| format!("cannot connect to {}: {e}", self.host)) };
+        let stream = within(&format!("connecting to {}", self.host), connect).await?;
         let _ = stream.set_nodelay(true);
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
@@ -132,13 +148,16 @@ impl Client {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
         let req = req.body(Full::new(body.unwrap_or_default())).map_err(|e| format!("bad request: {e}"))?;
-        sender.send_request(req).await.map_err(|e| format!("request to {} failed: {e}", self.host))
+        let answer = async { sender.send_request(req).await.map_err(|e| format!("request to {} failed: {e}", self.host)) };
+        within(&format!("waiting for {}", self.host), answer).await
     }
 
     async fn whole(resp: hyper::Response<Incoming>) -> Result<HttpResponse, String> {
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let body = resp.into_body().collect().await.map_err(|e| format!("reading the response failed: {e}"))?.to_bytes();
+        let body = within("reading the response", async { resp.into_body().collect().await.map_err(|e| format!("reading the response failed: {e}")) })
+            .await?
+            .to_bytes();
         Ok(HttpResponse { status, headers, body })
     }
 
@@ -176,6 +195,14 @@ mod tests {
         assert_eq!(find_event_end(b"data: a\n\ndata: b\n\n"), Some((7, 2)));
         assert_eq!(find_event_end(b"data: a\r\n\r\nx"), Some((7, 4)));
         assert_eq!(find_event_end(b"data: a\n"), None);
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_is_an_error_not_a_hang() {
+        let limit = std::time::Duration::from_millis(20);
+        let silent = within_limit(limit, "waiting", std::future::pending::<Result<(), String>>());
+        assert_eq!(silent.await, Err("waiting: no answer in 20ms".to_string()));
+        assert_eq!(within_limit(limit, "waiting", async { Ok(1) }).await, Ok(1));
     }
 
     #[test]
