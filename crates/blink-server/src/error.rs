@@ -35,8 +35,8 @@ impl ApiError {
     }
 
     /// 400 `context_length_exceeded`.
-    pub fn context_length(message: impl Into<String>) -> ApiError {
-        ApiError { code: Some("context_length_exceeded"), param: Some("messages"), ..ApiError::invalid(message) }
+    pub fn context_length(param: Option<&'static str>, message: impl Into<String>) -> ApiError {
+        ApiError { code: Some("context_length_exceeded"), param, ..ApiError::invalid(message) }
     }
 
     /// 401 for a missing or wrong API key.
@@ -132,7 +132,7 @@ impl From<blink_engine::serve::SubmitError> for ApiError {
         use blink_engine::serve::SubmitError;
         match e {
             SubmitError::QueueFull(_) => ApiError::busy(e.to_string()),
-            SubmitError::TooLarge { .. } => ApiError::context_length(e.to_string()),
+            SubmitError::TooLarge { .. } => ApiError::context_length(None, e.to_string()),
             SubmitError::Invalid(_) => ApiError::invalid(e.to_string()),
             SubmitError::Stopped => ApiError::internal(e.to_string()),
         }

@@ -76,26 +76,26 @@ pub struct Generation {
 impl Generation {
     /// Check the request against the context limit and submit it to the engine.
     ///
-    /// `started` is when the request arrived (time to first token is measured from it).
-    pub fn start(app: App, ready: Arc<Ready>, prompt: Vec<u32>, common: &Common, started: Instant) -> Result<Generation, ApiError> {
+    /// `prompt_field` is where the request had the prompt (`messages` or `prompt`), for
+    /// errors; `started` is when the request arrived (time to first token is measured from
+    /// it).
+    pub fn start(app: App, ready: Arc<Ready>, prompt: Vec<u32>, prompt_field: &'static str, common: &Common, started: Instant) -> Result<Generation, ApiError> {
         let limit = ready.max_seq_len;
         let n = prompt.len();
         if n == 0 {
-            return Err(ApiError::param("prompt", "the prompt is empty"));
+            return Err(ApiError::param(prompt_field, "the prompt is empty"));
         }
         if n >= limit {
-            return Err(ApiError::context_length(format!(
+            return Err(ApiError::context_length(Some(prompt_field), format!(
                 "the prompt has {n} tokens but this server's context length is {limit} tokens; shorten the prompt"
             )));
         }
         let max_tokens = common.max_tokens.unwrap_or(limit - n);
         if max_tokens > limit - n {
-            return Err(ApiError {
-                param: Some("max_tokens"),
-                ..ApiError::context_length(format!(
-                    "the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds this server's context length of {limit} tokens"
-                ))
-            });
+            return Err(ApiError::context_length(
+                Some("max_tokens"),
+                format!("the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds this server's context length of {limit} tokens"),
+            ));
         }
         let req = Request {
             prompt,

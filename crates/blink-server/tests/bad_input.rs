@@ -136,9 +136,40 @@ fn over_long_prompt_is_context_length_exceeded() {
     let long = "word ".repeat(3000);
     let e = expect_error(&chat(json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4})), 400);
     assert_eq!(e["code"], json!("context_length_exceeded"), "{e}");
+    assert_eq!(e["param"], json!("messages"), "{e}");
     let r = block_on(client().post_json("/v1/completions", &json!({"prompt": long, "max_tokens": 4}))).unwrap();
-    assert_eq!(expect_error(&r, 400)["code"], json!("context_length_exceeded"));
+    let e = expect_error(&r, 400);
+    assert_eq!((&e["code"], &e["param"]), (&json!("context_length_exceeded"), &json!("prompt")), "{e}");
     still_serving();
+}
+
+#[test]
+fn browsers_on_other_origins_may_call_the_api() {
+    // A preflight carries no key, and is answered before the key is checked.
+    let preflight = "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: blink\r\nOrigin: http://example.com\r\n\
+        Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type,authorization\r\nConnection: close\r\n\r\n";
+    let answer = block_on(async {
+        let mut s = TcpStream::connect(guarded().server.addr()).await.unwrap();
+        s.write_all(preflight.as_bytes()).await.unwrap();
+        read_until_closed(&mut s, Duration::from_secs(10)).await.expect("the server closes after answering")
+    });
+    let answer = String::from_utf8_lossy(&answer).to_lowercase();
+    assert!(answer.starts_with("http/1.1 204"), "{answer}");
+    for line in ["access-control-allow-origin: *", "access-control-allow-methods: get, post, options", "access-control-allow-headers: content-type,authorization"] {
+        assert!(answer.contains(line), "no {line:?} in {answer}");
+    }
+    // Every answer lets the page read it.
+    let r = block_on(client().get("/v1/models")).unwrap();
+    assert_eq!(r.headers.get("access-control-allow-origin").map(|v| v.as_bytes()), Some(&b"*"[..]), "{:?}", r.headers);
+}
+
+#[test]
+fn endpoints_answer_without_the_v1_prefix_too() {
+    assert_eq!(block_on(client().get("/models")).unwrap().json().unwrap()["object"], json!("list"));
+    let r = block_on(client().post_json("/chat/completions", &hello(json!({})))).unwrap();
+    assert_eq!(r.json().unwrap()["object"], json!("chat.completion"), "{}", r.text());
+    let r = block_on(client().post_json("/completions", &json!({"prompt": "Hello", "max_tokens": 2}))).unwrap();
+    assert_eq!(r.json().unwrap()["object"], json!("text_completion"), "{}", r.text());
 }
 
 #[test]

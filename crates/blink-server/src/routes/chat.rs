@@ -26,7 +26,7 @@ pub async fn chat(State(app): State<App>, body: Body) -> Result<Response, ApiErr
     let prompt = ready.chat_prompt(&req.messages)?;
     let meta = Meta { id: new_id("chatcmpl-"), created: unix_now(), model: ready.model_id.clone() };
     let logprobs = req.common.logprobs.is_some();
-    let gen = Generation::start(app.clone(), ready.clone(), prompt, &req.common, started)?;
+    let gen = Generation::start(app.clone(), ready.clone(), prompt, "messages", &req.common, started)?;
     if req.common.stream {
         let shape = ChatStream { meta, logprobs, include_usage: req.common.include_usage };
         return Ok(stream::respond(gen, shape));

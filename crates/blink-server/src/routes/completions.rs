@@ -36,7 +36,7 @@ pub async fn completions(State(app): State<App>, body: Body) -> Result<Response,
     };
     let meta = Meta { id: new_id("cmpl-"), created: unix_now(), model: ready.model_id.clone() };
     let logprobs = req.common.logprobs.is_some();
-    let gen = Generation::start(app.clone(), ready.clone(), prompt, &req.common, started)?;
+    let gen = Generation::start(app.clone(), ready.clone(), prompt, "prompt", &req.common, started)?;
     if req.common.stream {
         let shape = CompletionStream { meta, logprobs, include_usage: req.common.include_usage };
         return Ok(stream::respond(gen, shape));

@@ -1,4 +1,4 @@
-//! The router: endpoints, the API-key check, and per-request metrics.
+//! The router: endpoints, the API-key check, CORS, and per-request metrics.
 
 mod chat;
 mod completions;
@@ -28,6 +28,11 @@ pub fn router(app: App) -> Router {
         .route("/v1/models/{id}", get(misc::model))
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(completions::completions))
+        // Without the `/v1` prefix too, as llama.cpp's server has them, for clients whose
+        // base URL lacks it.
+        .route("/models", get(misc::models))
+        .route("/chat/completions", post(chat::chat))
+        .route("/completions", post(completions::completions))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .fallback(no_route)
@@ -50,25 +55,44 @@ fn endpoint(path: &str) -> &'static str {
         "/" => "/",
         "/health" => "/health",
         "/metrics" => "/metrics",
-        "/v1/models" => "/v1/models",
+        "/v1/models" | "/models" => "/v1/models",
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
-        "/v1/chat/completions" => "/v1/chat/completions",
-        "/v1/completions" => "/v1/completions",
+        "/v1/chat/completions" | "/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" | "/completions" => "/v1/completions",
         "/tokenize" => "/tokenize",
         "/detokenize" => "/detokenize",
         _ => "other",
     }
 }
 
-/// Check the API key (all but `/health` and the page need it) and count the request.
+/// Answer browsers' CORS preflights, check the API key (all but `/health` and the page need
+/// it), let pages on any origin read the answer (as llama.cpp's and vLLM's servers do), and
+/// count the request.
 async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
     let label = endpoint(req.uri().path());
     let open = matches!(label, "/health" | "/");
-    let resp = match &app.opts.api_key {
-        Some(key) if !open && !authorized(req.headers(), key) => ApiError::unauthorized().into_response(),
-        _ => next.run(req).await,
+    let mut resp = if req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD) {
+        // A preflight never carries the key.
+        preflight(req.headers())
+    } else {
+        match &app.opts.api_key {
+            Some(key) if !open && !authorized(req.headers(), key) => ApiError::unauthorized().into_response(),
+            _ => next.run(req).await,
+        }
     };
+    resp.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
     app.metrics.request(label, resp.status().as_u16());
+    resp
+}
+
+/// 204 allowing the methods and the headers the preflight asks for.
+fn preflight(headers: &HeaderMap) -> Response {
+    let asked = headers.get(header::ACCESS_CONTROL_REQUEST_HEADERS).cloned();
+    let mut resp = axum::http::StatusCode::NO_CONTENT.into_response();
+    let h = resp.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked.unwrap_or(HeaderValue::from_static("authorization, content-type")));
+    h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("86400"));
     resp
 }
 
