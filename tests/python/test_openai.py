@@ -102,6 +102,9 @@ def completion_with_stop(client):
     assert r.choices[0].text == cut, (r.choices[0].text, cut, stop)
     assert r.choices[0].finish_reason == "stop"
     assert 0 < r.usage.completion_tokens <= free.usage.completion_tokens, (r.usage, free.usage)
+    # The prompt came from the prefix cache the first request left, and a stop string
+    # (which ends the request early) still reports it.
+    assert r.usage.prompt_tokens_details.cached_tokens > 0, r.usage
     # The same streamed.
     chunks = list(client.completions.create(model="", prompt=prompt, max_tokens=32, temperature=0, stop=stop, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == cut

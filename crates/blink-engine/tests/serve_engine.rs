@@ -6,9 +6,9 @@
 
 mod support;
 
-use blink_engine::serve::{Engine, Event, Request};
+use blink_engine::serve::{Engine, Request};
 use blink_engine::SamplingParams;
-use support::{collect, config, greedy, model, settled, solo};
+use support::{collect, config, greedy, model, next_is_token, settled, solo};
 
 #[test]
 fn batched_requests_match_their_solo_runs() {
@@ -39,7 +39,7 @@ fn cancelled_requests_free_their_cache_and_prefixes_are_reused() {
     // A long request dropped mid-stream frees its sequence.
     let mut c = engine.submit(greedy(prompt("Tell me a long story."), 400)).unwrap();
     for _ in 0..3 {
-        assert!(matches!(c.blocking_next(), Some(Event::Token { .. })));
+        assert!(next_is_token(&mut c));
     }
     drop(c);
     settled(&engine);
@@ -143,7 +143,7 @@ fn requests_arriving_mid_step_join_the_next_step() {
     let mut lead = engine.submit(Request { ignore_eos: true, ..long }).unwrap();
     let mut subs = Vec::new();
     for prompt in &prompts {
-        assert!(matches!(lead.blocking_next(), Some(Event::Token { .. })));
+        assert!(next_is_token(&mut lead));
         std::thread::sleep(std::time::Duration::from_millis(1));
         subs.push(engine.submit(greedy(prompt.clone(), 10)).unwrap());
     }

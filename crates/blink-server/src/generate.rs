@@ -60,6 +60,8 @@ pub struct Generation {
     stop: StopMatcher,
     logprobs: bool,
     prompt_tokens: usize,
+    /// Prompt tokens the engine found in its prefix cache (told at admission).
+    cached_tokens: usize,
     /// Token events read from the engine.
     consumed: usize,
     /// Bytes and characters of decoded text so far.
@@ -113,6 +115,7 @@ impl Generation {
             stop: StopMatcher::new(&common.stop),
             logprobs: common.logprobs.is_some(),
             prompt_tokens: n,
+            cached_tokens: 0,
             consumed: 0,
             raw_bytes: 0,
             raw_chars: 0,
@@ -149,6 +152,7 @@ impl Generation {
                 return Ok(None);
             };
             match sub.next().await {
+                Some(Event::Admitted { cached_tokens }) => self.cached_tokens = cached_tokens,
                 Some(Event::Token { id, logprobs }) => {
                     self.on_token_timing();
                     self.consumed += 1;
@@ -216,7 +220,7 @@ impl Generation {
         self.released += text.len();
         let released = self.released;
         let tokens = self.pending.drain(..).filter(|t| t.byte_offset < released).collect();
-        let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.consumed, cached_tokens: 0 };
+        let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.consumed, cached_tokens: self.cached_tokens };
         let end = self.end("stop", usage);
         Piece { text, tokens, end: Some(end) }
     }

@@ -36,6 +36,9 @@ pub struct TokenLogprobs {
 /// What the engine reports about a request, in order.
 #[derive(Clone, Debug)]
 pub enum Event {
+    /// The request was admitted; this many of its prompt tokens came from the prefix cache.
+    /// Comes before any token.
+    Admitted { cached_tokens: usize },
     /// A generated token (end-of-generation tokens are not sent).
     Token { id: u32, logprobs: Option<TokenLogprobs> },
     /// Generation ended; no further events follow.

@@ -242,6 +242,7 @@ impl Control {
             }
             let p = self.waiting.remove(i).expect("index checked above");
             self.waiting_count.fetch_sub(1, Ordering::AcqRel);
+            let _ = p.events.send(Event::Admitted { cached_tokens: cached });
             let mut sampler = Sampler::new(p.request.sampling.clone());
             for &t in &p.request.prompt {
                 sampler.accept(t);

@@ -41,11 +41,23 @@ pub fn solo(model: &Model, tok: &Tokenizer, prompt: &[u32], max_tokens: usize) -
     s.generate(tok, prompt, &params, &mut |_| {}).unwrap().tokens
 }
 
+/// The next token event of a submission (skipping its admission); `false` if the next
+/// event is not a token.
+pub fn next_is_token(sub: &mut blink_engine::serve::Submission) -> bool {
+    loop {
+        match sub.blocking_next() {
+            Some(Event::Admitted { .. }) => continue,
+            e => return matches!(e, Some(Event::Token { .. })),
+        }
+    }
+}
+
 /// Collect a submission's tokens and finish reason.
 pub fn collect(sub: &mut blink_engine::serve::Submission) -> (Vec<u32>, FinishReason, usize) {
     let mut tokens = Vec::new();
     loop {
         match sub.blocking_next().expect("stream ends with Finished") {
+            Event::Admitted { .. } => {}
             Event::Token { id, .. } => tokens.push(id),
             Event::Finished { reason, usage } => {
                 assert_eq!(usage.completion_tokens, tokens.len());
