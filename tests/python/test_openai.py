@@ -138,6 +138,13 @@ def completion_logprobs(client):
     for tok, l, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert l <= 0.0 and 1 <= len(top) <= 2, (tok, l, top)
         assert max(top.values()) >= l - 1e-5
+    # Emoji take several byte tokens each: those are named `bytes:\xNN`, so every
+    # alternative stays a distinct key, and none is the replacement character.
+    r = client.completions.create(model="", prompt="Emoji list: 😀😃😄😁😆😅🤣😂🙂🙃", max_tokens=12, temperature=0, logprobs=5)
+    lp = r.choices[0].logprobs
+    assert all(len(top) == 5 for top in lp.top_logprobs), lp.top_logprobs
+    assert any(t.startswith("bytes:\\x") for t in lp.tokens), lp.tokens
+    assert not any("\ufffd" in t for top in lp.top_logprobs for t in top), lp.top_logprobs
 
 
 @check

@@ -58,6 +58,20 @@ fn token_text(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
+/// A token as the legacy completions API names it: its text, or `bytes:\xNN…` when its
+/// bytes are not whole UTF-8 characters (part of a character split over tokens), so that
+/// such tokens stay distinct keys of `top_logprobs`.
+fn completion_token_text(tok: &Tokenizer, id: u32) -> String {
+    let bytes = tok.token_bytes(id, true);
+    match std::str::from_utf8(&bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => bytes.iter().fold(String::from("bytes:"), |mut s, b| {
+            s.push_str(&format!("\\x{b:02x}"));
+            s
+        }),
+    }
+}
+
 /// Chat log-probability entries: `[{token, logprob, bytes, top_logprobs: [...]}]`.
 pub fn chat_logprobs(tok: &Tokenizer, tokens: &[TokenOut]) -> Vec<Value> {
     tokens
@@ -84,11 +98,11 @@ pub fn completion_logprobs(tok: &Tokenizer, tokens: &[TokenOut]) -> Value {
     let mut tops = Vec::with_capacity(tokens.len());
     let mut offsets = Vec::with_capacity(tokens.len());
     for t in tokens {
-        texts.push(json!(token_text(tok, t.id).0));
+        texts.push(json!(completion_token_text(tok, t.id)));
         lps.push(json!(t.logprob));
         let mut top = Map::new();
         for &(id, lp) in &t.top {
-            top.entry(token_text(tok, id).0).or_insert(json!(lp));
+            top.entry(completion_token_text(tok, id)).or_insert(json!(lp));
         }
         tops.push(Value::Object(top));
         offsets.push(json!(t.char_offset));
