@@ -75,12 +75,18 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// A seed: any integer (negative ones are taken modulo 2^64).
+    /// A seed: an integer of 64 bits, signed or not (negative ones are taken modulo 2^64),
+    /// also written as a whole float (`1.0`), as `int` takes them.
     pub fn seed(&self, name: &'static str) -> Result<Option<u64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
             Some(Value::Number(n)) if n.as_i64().is_some() => Ok(n.as_i64().map(|i| i as u64)),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(f) if f.fract() == 0.0 && (i64::MIN as f64..u64::MAX as f64).contains(&f) => Ok(Some(if f < 0.0 { f as i64 as u64 } else { f as u64 })),
+                Some(f) if f.fract() == 0.0 => Err(ApiError::param(name, format!("{name} must fit in 64 bits, got {n}"))),
+                _ => Err(wrong_type(name, "an integer", &Value::Number(n.clone()))),
+            },
             Some(v) => Err(wrong_type(name, "an integer", v)),
         }
     }

@@ -297,6 +297,17 @@ mod tests {
     }
 
     #[test]
+    fn seeds_are_64_bit_integers_however_written() {
+        let seed = |v: Value| chat(json!({"messages": msgs(), "seed": v})).map(|r| r.common.sampling.seed);
+        assert_eq!(seed(json!(7.0)).unwrap(), Some(7));
+        assert_eq!(seed(json!(-2)).unwrap(), Some(u64::MAX - 1));
+        assert_eq!(seed(json!(u64::MAX)).unwrap(), Some(u64::MAX));
+        let big: Value = serde_json::from_str("18446744073709551616").unwrap();
+        assert!(seed(big).unwrap_err().message.contains("must fit in 64 bits"));
+        assert!(seed(json!(1.5)).unwrap_err().message.contains("must be an integer"));
+    }
+
+    #[test]
     fn message_shapes() {
         let r = chat(json!({"messages": [
             {"role": "developer", "content": "be brief"},
