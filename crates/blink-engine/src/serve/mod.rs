@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use blink_model::{KvType, Model};
+use tokio::sync::mpsc as tmpsc;
 
 use crate::EngineError;
-use tokio::sync::mpsc as tmpsc;
 
 pub use api::{EngineStats, Event, Request, SubmitError, TokenLogprobs, Usage};
 

@@ -9,8 +9,6 @@
 //! sequence's result does not depend on its batch-mates.
 
 mod pass;
-
-pub use pass::MAX_PARTS;
 mod scratch;
 
 use blink_kernels::numa::NodePool;
@@ -21,6 +19,7 @@ use std::time::Duration;
 use crate::kv_cache::{KvBlocks, KvCache, KvError, KvType, SeqId};
 use crate::Model;
 
+pub use pass::MAX_PARTS;
 pub use scratch::Scratch;
 
 /// One token of one sequence in a step.
