@@ -155,6 +155,15 @@ pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
     KvType::parse(s).ok_or_else(|| format!("unknown cache type '{s}' (use f16 or f32)"))
 }
 
+/// An `-n` value as llama.cpp takes it: -1 (until the end of generation) or -2 (until the
+/// context is full) both mean no limit here, since generation stops at a full context.
+pub fn max_tokens(n: i64) -> CliResult<Option<usize>> {
+    match n {
+        -2 | -1 => Ok(None),
+        n => usize::try_from(n).map(Some).map_err(|_| format!("-n/--max-tokens must be -1, -2 or at least 0, got {n}").into()),
+    }
+}
+
 /// Most compute threads a command takes: far past any CPU count (beyond it, threads only
 /// fail to spawn).
 const MAX_THREADS: usize = 4096;

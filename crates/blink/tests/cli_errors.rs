@@ -256,6 +256,7 @@ fn absurd_sizes_and_counts_are_clear_errors() {
     fails_with(&["bench", "-m", m, "-p", "0", "-n", "1", "-t", "100000"], "-t/--threads must be at most");
     fails_with(&["run", "-m", m, "-p", "hi", "--numa-nodes", "17"], "--numa-nodes must be at most 16");
     fails_with(&["run", "-m", m, "-p", "hi", "--repeat-last-n", "-2"], "--repeat-last-n must be -1");
+    fails_with(&["run", "-m", m, "-p", "hi", "-n", "-3"], "-n/--max-tokens must be -1, -2 or at least 0");
     fails_with(&["serve", "-m", m, "--port", "0", "--queue", "0"], "--queue must be at least 1");
     fails_with(&["run", "-m", std::env::temp_dir().to_str().unwrap(), "-p", "hi"], "it is a directory");
     // Values clap itself refuses: its own message, exit code 2, no panic.
@@ -271,6 +272,8 @@ fn llama_cpp_style_negative_values_are_accepted() {
     let model = model_path();
     let args = ["run", "-m", model.to_str().unwrap(), "-p", "hi", "-n", "2", "--seed", "-1", "--temp", "-1", "--repeat-last-n", "-1"];
     ok(&blink(&args));
+    // -2 (llama.cpp: until the context is full) stops at a small context.
+    ok(&blink(&["run", "-m", model.to_str().unwrap(), "-p", "hi", "-n", "-2", "-c", "48", "--temp", "0", "--ignore-eos"]));
 }
 
 #[test]

@@ -17,7 +17,7 @@ pub struct Args {
     /// System message opening the conversation.
     #[arg(long = "system")]
     system: Option<String>,
-    /// Most tokens per reply (-1: until the end of the turn or a full context).
+    /// Most tokens per reply (-1 or -2: until the end of the turn or a full context).
     #[arg(short = 'n', long = "max-tokens", default_value_t = -1, allow_negative_numbers = true)]
     max_tokens: i64,
     /// Print speed after each reply.
@@ -43,7 +43,7 @@ pub fn main(args: Args) -> CliResult {
     let mut session = Session::new(&loaded.model, &cfg)?;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
     let params = GenerateParams {
-        max_tokens: usize::try_from(args.max_tokens).ok(),
+        max_tokens: crate::common::max_tokens(args.max_tokens)?,
         sampling: args.sampling.params(cfg.n_ctx)?,
         stop: Vec::new(),
         ignore_eos: false,

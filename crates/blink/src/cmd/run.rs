@@ -20,7 +20,7 @@ pub struct Args {
     /// System message (chat-template mode only).
     #[arg(long = "system")]
     system: Option<String>,
-    /// Most tokens to generate (-1: until the end of generation or a full context).
+    /// Most tokens to generate (-1 or -2: until the end of generation or a full context).
     #[arg(short = 'n', long = "max-tokens", alias = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     max_tokens: i64,
     /// Stop before this text (repeatable).
@@ -56,7 +56,7 @@ pub fn main(args: Args) -> CliResult {
     };
     let mut session = Session::new(&loaded.model, &cfg)?;
     let params = GenerateParams {
-        max_tokens: usize::try_from(args.max_tokens).ok(),
+        max_tokens: crate::common::max_tokens(args.max_tokens)?,
         sampling: args.sampling.params(cfg.n_ctx)?,
         stop: args.stop.clone(),
         ignore_eos: args.ignore_eos,
