@@ -39,3 +39,11 @@ pub enum EngineError {
     #[error(transparent)]
     Kv(#[from] KvError),
 }
+
+impl EngineError {
+    /// Maps a failure to allocate `what` for `tokens` tokens (the KV cache, step buffers)
+    /// to [`EngineError::NoMemory`].
+    pub(crate) fn no_memory(what: &'static str, tokens: usize) -> impl FnOnce(blink_model::ModelError) -> EngineError {
+        move |e| EngineError::NoMemory { what, tokens, reason: e.to_string() }
+    }
+}

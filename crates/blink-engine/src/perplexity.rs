@@ -57,9 +57,8 @@ pub fn perplexity(
     let n_batch = cfg.n_batch.clamp(1, ctx);
     let first = ctx / 2;
     let pool = model.pool(cfg.n_threads).map_err(|e| EngineError::BadParams(e.to_string()))?;
-    let no_memory = |what| move |e: blink_model::ModelError| EngineError::NoMemory { what, tokens: ctx, reason: e.to_string() };
-    let mut kv = model.try_new_kv_cache(ctx, cfg.kv_type).map_err(no_memory("a KV cache"))?;
-    let mut scratch = Scratch::try_new(model, n_batch, n_batch, ctx, cfg.n_threads).map_err(no_memory("step buffers"))?;
+    let mut kv = model.try_new_kv_cache(ctx, cfg.kv_type).map_err(EngineError::no_memory("a KV cache", ctx))?;
+    let mut scratch = Scratch::try_new(model, n_batch, n_batch, ctx, cfg.n_threads).map_err(EngineError::no_memory("step buffers", ctx))?;
     let mut rows = Vec::with_capacity(n_batch);
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
 

@@ -91,9 +91,8 @@ impl<'m> Session<'m> {
     pub fn new(model: &'m Model, cfg: &SessionConfig) -> Result<Session<'m>, EngineError> {
         let n_ctx = cfg.n_ctx.max(1);
         let n_batch = cfg.n_batch.clamp(1, n_ctx);
-        let no_memory = |what| move |e: blink_model::ModelError| EngineError::NoMemory { what, tokens: n_ctx, reason: e.to_string() };
-        let mut kv = model.try_new_kv_cache(n_ctx, cfg.kv_type).map_err(no_memory("a KV cache"))?;
-        let scratch = Scratch::try_new(model, n_batch, 1, n_ctx, cfg.n_threads).map_err(no_memory("step buffers"))?;
+        let mut kv = model.try_new_kv_cache(n_ctx, cfg.kv_type).map_err(EngineError::no_memory("a KV cache", n_ctx))?;
+        let scratch = Scratch::try_new(model, n_batch, 1, n_ctx, cfg.n_threads).map_err(EngineError::no_memory("step buffers", n_ctx))?;
         let seq = kv.new_seq();
         // The one sequence owns the whole cache; taking its blocks now keeps decoding
         // free of allocations (the memory itself is still touched lazily).

@@ -46,10 +46,9 @@ impl Scheduler {
         eog.sort_unstable();
         let cfg = EngineConfig { max_running: cfg.max_running.max(1), step_tokens: cfg.step_tokens.max(1), ..cfg.clone() };
         let max_rows = cfg.step_tokens.saturating_add(cfg.max_running);
-        let no_memory = |what, tokens| move |e: blink_model::ModelError| EngineError::NoMemory { what, tokens, reason: e.to_string() };
-        let kv = model.try_new_kv_cache(cfg.kv_tokens.max(1), cfg.kv_type).map_err(no_memory("a KV cache", cfg.kv_tokens))?;
+        let kv = model.try_new_kv_cache(cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("a KV cache", cfg.kv_tokens))?;
         let scratch = Scratch::try_new(&model, max_rows, cfg.max_running, cfg.max_seq_len.max(1), cfg.n_threads.max(1))
-            .map_err(no_memory("step buffers", max_rows))?;
+            .map_err(EngineError::no_memory("step buffers", max_rows))?;
         Ok(Scheduler {
             // The model validated its placement when it was built, so its pool builds.
             pool: model.detached_pool(cfg.n_threads.max(1)).expect("a pool for the model's placement"),

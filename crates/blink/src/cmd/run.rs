@@ -71,10 +71,9 @@ pub fn main(args: Args) -> CliResult {
             }
         }
     })?;
+    // (A reader that went away ended the process by SIGPIPE: see main.)
     if let Some(e) = write_err {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err(e.into());
-        }
+        return Err(e.into());
     }
     let _ = writeln!(out);
     if generation.context_full {
