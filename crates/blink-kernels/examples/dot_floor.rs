@@ -1,0 +1,75 @@
+//! Dev tool: the instruction floor of the `llama` dot order on this CPU (AVX-512 VNNI).
+//!
+//! Every 32 products of that order cost one `dpbusd`, one convert and one FMA (see
+//! `gemm::x86_fam32`). This times those instructions alone, in independent chains with
+//! nothing to load, and prints the multiply-accumulates per second they allow: the most
+//! any packed kernel in that order can reach on one core. Compare `gemm_stream`'s figures
+//! with it. `dpbusd` and FMA are also timed alone, which shows whether they share pipes
+//! (on Zen 4 they do: together they run at half the rate of either).
+//! `cargo run --release -p blink-kernels --example dot_floor`.
+
+#[cfg(target_arch = "x86_64")]
+mod floor {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    /// Loop trips per timing; each trip issues eight of the measured groups.
+    const TRIPS: usize = 50_000_000;
+
+    #[derive(Clone, Copy)]
+    pub enum Mix {
+        Dpbusd,
+        Fma,
+        DpbusdCvtFma,
+    }
+
+    /// Groups (one of `mix`) per second, eight independent chains.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+    pub unsafe fn rate(mix: Mix) -> f64 {
+        let (w, a) = (black_box(_mm256_set1_epi8(3)), black_box(_mm256_set1_epi8(5)));
+        let s = black_box(_mm256_set1_ps(1e-9));
+        let mut i = [_mm256_setzero_si256(); 8];
+        let mut f = [_mm256_setzero_ps(); 8];
+        let t = Instant::now();
+        for _ in 0..TRIPS {
+            for k in 0..8 {
+                match mix {
+                    Mix::Dpbusd => i[k] = _mm256_dpbusd_epi32(i[k], w, a),
+                    Mix::Fma => f[k] = _mm256_fmadd_ps(s, s, f[k]),
+                    Mix::DpbusdCvtFma => {
+                        // The sums chain too, so nothing is loop-invariant.
+                        i[k] = _mm256_dpbusd_epi32(i[k], w, a);
+                        f[k] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(i[k]), f[k]);
+                    }
+                }
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        black_box((i, f));
+        (8 * TRIPS) as f64 / secs
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    use floor::Mix;
+    if !blink_kernels::cpu::Isa::Avx512Vnni.supported() {
+        println!("this CPU has no AVX-512 VNNI; the floor is measured for that path only");
+        return;
+    }
+    let median = |mix| {
+        let mut r: Vec<f64> = (0..5).map(|_| unsafe { floor::rate(mix) }).collect();
+        r.sort_by(|a, b| a.total_cmp(b));
+        r[2]
+    };
+    let (dot, fma, both) = (median(Mix::Dpbusd), median(Mix::Fma), median(Mix::DpbusdCvtFma));
+    println!("dpbusd alone:          {:.2} G/s", dot / 1e9);
+    println!("FMA alone:             {:.2} G/s", fma / 1e9);
+    println!("dpbusd + cvt + FMA:    {:.2} G/s = {:.1} GMAC/s per core (32 products each; median of 5)", both / 1e9, both * 32.0 / 1e9);
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {
+    println!("the floor is measured for the x86 AVX-512 VNNI path only");
+}
