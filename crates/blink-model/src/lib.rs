@@ -74,6 +74,7 @@ impl Model {
     /// Build the model for `placement`: flat, or split over its NUMA nodes.
     pub fn from_gguf_placed(file: Arc<GgufFile>, placement: &Placement) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
+        weights::check_layer_count(&file, &cfg)?;
         if placement.numa && placement.n_parts() > forward::MAX_PARTS {
             return Err(ModelError::Placement(format!("{} NUMA nodes; tensor parallelism splits a model over at most {}", placement.n_parts(), forward::MAX_PARTS)));
         }

@@ -310,6 +310,17 @@ impl Weights {
     }
 }
 
+/// Refuse a file holding tensors of layers past its `block_count`: its metadata and its
+/// tensors disagree (llama.cpp refuses such a file too, having used fewer tensors than it
+/// holds), and running the first layers alone would give wrong text without a word.
+pub(crate) fn check_layer_count(file: &GgufFile, cfg: &ModelConfig) -> Result<(), ModelError> {
+    let layer_of = |name: &str| name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok();
+    match file.tensors().iter().find(|t| layer_of(&t.name).is_some_and(|l| l >= cfg.n_layers)) {
+        Some(t) => Err(ModelError::BadConfig(format!("block_count is {}, but the file holds tensor '{}' of a later layer", cfg.n_layers, t.name))),
+        None => Ok(()),
+    }
+}
+
 /// Release the file's pages of every matrix all parts hold their own copies of: every
 /// matrix when the model is split over nodes, the repacked ones when it is flat.
 pub(crate) fn release_copied(file: &GgufFile, parts: &[Weights]) {

@@ -143,6 +143,18 @@ fn absurd_counts_and_lengths_are_rejected() {
     rejects(&write("key-length.gguf", &bad), "length");
 }
 
+#[test]
+fn a_block_count_below_the_layers_held_is_refused() {
+    let (mut bytes, file) = real_model();
+    let layers = file.get_u32("llama.block_count").unwrap();
+    // The key, then its value type (u32) and the value.
+    let key = b"llama.block_count";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    assert_eq!(bytes[at..at + 4], layers.to_le_bytes());
+    bytes[at..at + 4].copy_from_slice(&(layers - 1).to_le_bytes());
+    rejected_by(&write("block-count.gguf", &bytes), &format!("tensor 'blk.{}.", layers - 1), &["run"]);
+}
+
 /// A small synthetic file with the given metadata and one tensor.
 fn synthetic(meta: &[(&str, Value)], tensor: (&str, GgmlType, &[u64])) -> Vec<u8> {
     let mut w = GgufWriter::new();
