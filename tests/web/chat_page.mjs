@@ -1,5 +1,6 @@
 // The chat page of `blink serve` in headless Chromium: load it, send a message, see the
-// reply stream in, stop it, send another with the conversation kept.
+// reply stream in, stop it, send another with the conversation kept; a refused turn and a
+// conversation left by "New chat" mid-reply are not carried into the next request.
 //
 // Usage: node chat_page.mjs URL [SCREENSHOT.png]
 // Chromium: $CHROMIUM, else /usr/bin/chromium (Debian's package).
@@ -73,6 +74,45 @@ try {
     await fail(`the second request did not carry the conversation: ${JSON.stringify(last)}`);
   }
   await page.waitForSelector(".stats"); // usage from the stream's last chunk
+
+  // 3. A turn the server refuses (prompt plus max_tokens beyond the context) is shown as an
+  // error and leaves the conversation: the next request does not carry it.
+  await page.fill("#max-tokens", "1000000");
+  await page.dispatchEvent("#max-tokens", "change");
+  await page.fill("#input", "This question is refused.");
+  await page.click("#send");
+  await page.waitForSelector(".msg.error");
+  await page.waitForFunction(() => document.getElementById("send").textContent === "Send");
+  await page.fill("#max-tokens", "8");
+  await page.dispatchEvent("#max-tokens", "change");
+  await page.fill("#input", "Say hello again.");
+  await page.click("#send");
+  await page.waitForFunction(() => document.querySelectorAll(".msg.assistant[data-done='1']").length === 3);
+  const afterError = chatBodies[chatBodies.length - 1].messages.map((m) => m.role + ":" + m.content);
+  if (afterError.length !== 5 || afterError.some((m) => m.includes("refused")) || afterError[4] !== "user:Say hello again.") {
+    await fail(`the refused turn stayed in the conversation: ${JSON.stringify(afterError)}`);
+  }
+
+  // 4. "New chat" while a reply streams: the next request starts a fresh conversation.
+  await page.fill("#max-tokens", "200");
+  await page.dispatchEvent("#max-tokens", "change");
+  await page.fill("#input", "Write a long story about a castle.");
+  await page.click("#send");
+  await page.waitForFunction(() => {
+    const m = document.querySelector(".msg.assistant.streaming");
+    return m && m.textContent.length > 20;
+  });
+  await page.click("#new");
+  await page.waitForFunction(() => document.getElementById("send").textContent === "Send");
+  await page.fill("#max-tokens", "8");
+  await page.dispatchEvent("#max-tokens", "change");
+  await page.fill("#input", "Say hello.");
+  await page.click("#send");
+  await page.waitForSelector(".msg.assistant[data-done='1']");
+  const fresh = chatBodies[chatBodies.length - 1].messages;
+  if (fresh.length !== 1 || fresh[0].role !== "user" || fresh[0].content !== "Say hello.") {
+    await fail(`the new chat carried the old one: ${JSON.stringify(fresh)}`);
+  }
   if (errors.length) await fail(`page errors: ${errors.join("; ")}`);
   if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
   console.log(`PASS chat page (${model}): streamed ${first.length} chars, then '${replies[1].slice(0, 40)}'`);

@@ -1,6 +1,7 @@
 //! The chat page at `/` in headless Chromium (tests/web/chat_page.mjs, driven by
 //! playwright-core): it loads, streams a reply as it arrives, stops it, and keeps the
-//! conversation for the next turn. Chromium and the npm package are required, never skipped.
+//! conversation for the next turn, but not a refused turn, nor a conversation left by "New
+//! chat" mid-reply. Chromium and the npm package are required, never skipped.
 
 mod support;
 
