@@ -145,6 +145,8 @@ def completion_logprobs(client):
     assert all(len(top) == 5 for top in lp.top_logprobs), lp.top_logprobs
     assert any(t.startswith("bytes:\\x") for t in lp.tokens), lp.tokens
     assert not any("\ufffd" in t for top in lp.top_logprobs for t in top), lp.top_logprobs
+    # Alternatives come most likely first, as vLLM lists them.
+    assert all(list(top.values()) == sorted(top.values(), reverse=True) for top in lp.top_logprobs), lp.top_logprobs
 
 
 @check

@@ -94,9 +94,10 @@ impl Generation {
         }
         let max_tokens = common.max_tokens.unwrap_or(limit - n);
         if max_tokens > limit - n {
+            let field = common.max_tokens_field;
             return Err(ApiError::context_length(
-                Some("max_tokens"),
-                format!("the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds this server's context length of {limit} tokens"),
+                Some(field),
+                format!("the prompt ({n} tokens) plus {field} ({max_tokens}) exceeds this server's context length of {limit} tokens"),
             ));
         }
         let req = Request {

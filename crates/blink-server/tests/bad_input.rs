@@ -118,6 +118,10 @@ fn out_of_range_values_are_400() {
     for n in [1_000_000_000_000i64, 1025] {
         let e = expect_error(&chat(hello(json!({"max_tokens": n}))), 400);
         assert_eq!(e["code"], json!("context_length_exceeded"), "{e}");
+        // The error names the field the client sent.
+        let e = expect_error(&chat(hello(json!({"max_completion_tokens": n}))), 400);
+        assert_eq!(e["param"], json!("max_completion_tokens"), "{e}");
+        assert!(e["message"].as_str().unwrap().contains("plus max_completion_tokens"), "{e}");
     }
     still_serving();
 }

@@ -24,6 +24,8 @@ pub struct Common {
     pub model: Option<String>,
     /// `None`: generate until the end of generation or the context limit.
     pub max_tokens: Option<usize>,
+    /// The field `max_tokens` came from (`max_completion_tokens` or `max_tokens`), for errors.
+    pub max_tokens_field: &'static str,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub stream: bool,
@@ -98,6 +100,7 @@ fn parse_common(f: &Fields) -> Result<Common, ApiError> {
         Some(n) => Some(("max_completion_tokens", n)),
         None => f.int("max_tokens", i64::MIN, i64::MAX)?.map(|n| ("max_tokens", n)),
     };
+    let max_tokens_field = max_tokens.map_or("max_tokens", |(name, _)| name);
     let max_tokens = match max_tokens {
         None => None,
         Some((name, n)) if n < 1 => return Err(ApiError::param(name, format!("{name} must be at least 1, got {n}"))),
@@ -134,7 +137,7 @@ fn parse_common(f: &Fields) -> Result<Common, ApiError> {
             }
         }
     }
-    Ok(Common { model, max_tokens, sampling, stop, stream, include_usage, ignore_eos, logprobs: None })
+    Ok(Common { model, max_tokens, max_tokens_field, sampling, stop, stream, include_usage, ignore_eos, logprobs: None })
 }
 
 fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
@@ -293,6 +296,7 @@ mod tests {
         let c = &r.common;
         assert_eq!((c.sampling.temperature, c.sampling.top_k, c.sampling.seed), (0.0, 5, Some(u64::MAX)));
         assert_eq!((c.max_tokens, c.logprobs, c.stop.clone()), (Some(7), Some(3), vec!["x".to_string()]));
+        assert_eq!(c.max_tokens_field, "max_completion_tokens");
         assert!(c.stream && c.include_usage);
     }
 
