@@ -98,7 +98,25 @@ pub struct ModelConfig {
 const MAX_LAYERS: u32 = 1024;
 const MAX_DIM: u32 = 1 << 20;
 
+/// The context a command gets when none is asked for: the trained one, at most this.
+pub const DEFAULT_MAX_CTX: usize = 4096;
+
 impl ModelConfig {
+    /// The context length for a requested `-c`, as llama.cpp reads it: none gives the
+    /// trained context capped at [`DEFAULT_MAX_CTX`], 0 the trained context.
+    pub fn context_for(&self, requested: Option<usize>) -> usize {
+        match requested {
+            None => self.n_ctx_train.min(DEFAULT_MAX_CTX),
+            Some(0) => self.n_ctx_train,
+            Some(c) => c,
+        }
+    }
+
+    /// A warning for a context past the trained one, as llama.cpp gives.
+    pub fn context_warning(&self, ctx: usize) -> Option<String> {
+        (ctx > self.n_ctx_train).then(|| format!("a context of {ctx} tokens exceeds the {} this model was trained with: text past that may degrade", self.n_ctx_train))
+    }
+
     /// Read and validate the hyper-parameters of `file`.
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         let arch = Arch::from_name(file.get_str("general.architecture")?)?;

@@ -48,7 +48,8 @@ pub struct ModelOptions {
     pub path: PathBuf,
     /// Compute threads (0: all available CPUs).
     pub threads: usize,
-    /// Longest sequence one request may have (default: the model's context, at most 4096).
+    /// Longest sequence one request may have (default: the model's context, at most 4096;
+    /// 0: the model's).
     pub ctx_size: Option<usize>,
     /// KV cache tokens over all sequences (default: `parallel` × the context size, so every
     /// running request can reserve a full context; unused cache costs no memory).
@@ -111,7 +112,10 @@ impl Ready {
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| with_path(&e))?;
         let template = ChatTemplate::from_gguf(&file).map_err(|e| with_path(&e))?;
 
-        let ctx = opts.ctx_size.filter(|&c| c > 0).unwrap_or(model.cfg.n_ctx_train.min(4096));
+        let ctx = model.cfg.context_for(opts.ctx_size);
+        if let Some(w) = model.cfg.context_warning(ctx) {
+            eprintln!("blink: warning: {w}");
+        }
         let kv_tokens = opts.kv_budget.filter(|&k| k > 0).unwrap_or(ctx.saturating_mul(opts.parallel.max(1)));
         if kv_tokens < ctx {
             return Err(format!("--kv-budget ({kv_tokens} tokens) must be at least --ctx-size ({ctx} tokens)"));

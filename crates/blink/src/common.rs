@@ -14,18 +14,36 @@ pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 /// The text a command works on: given inline (`-p`) or read from a file (`-f`, `-` for
 /// standard input), as llama.cpp's tools take it.
 #[derive(Args, Clone, Debug)]
-#[group(required = true, multiple = false)]
 pub struct PromptArgs {
     /// The prompt.
-    #[arg(short = 'p', long = "prompt")]
+    #[arg(short = 'p', long = "prompt", allow_hyphen_values = true, required_unless_present = "file", conflicts_with = "file")]
     prompt: Option<String>,
     /// Read the prompt from this file (`-`: standard input); one final newline is dropped.
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     file: Option<PathBuf>,
+    /// Take the prompt's backslash escapes literally (by default \n, \r, \t, \', \", \\
+    /// and \xNN are turned into the characters they stand for, as llama.cpp's tools do).
+    #[arg(long = "no-escape", conflicts_with = "escape")]
+    no_escape: bool,
+    /// Turn backslash escapes into characters: the default, accepted for llama.cpp's `-e`.
+    #[arg(short = 'e', long = "escape")]
+    escape: bool,
 }
 
 impl PromptArgs {
+    /// The prompt's text, its escapes processed unless `--no-escape`.
     pub fn text(&self) -> CliResult<String> {
+        let text = self.raw_text()?;
+        if self.no_escape {
+            return Ok(text);
+        }
+        let bytes = process_escapes(&text);
+        String::from_utf8(bytes).map_err(|e| {
+            format!("the prompt is not UTF-8 once its escapes are processed (invalid byte at offset {}; --no-escape takes them literally)", e.utf8_error().valid_up_to()).into()
+        })
+    }
+
+    fn raw_text(&self) -> CliResult<String> {
         let Some(path) = &self.file else {
             return Ok(self.prompt.clone().unwrap_or_default());
         };
@@ -42,6 +60,36 @@ impl PromptArgs {
         }
         Ok(text)
     }
+}
+
+/// `text` with llama.cpp's escapes turned into bytes: `\n`, `\r`, `\t`, `\'`, `\"`,
+/// `\\`, and `\x` with two hex digits; any other backslash stays as it is.
+pub fn process_escapes(text: &str) -> Vec<u8> {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' || i + 1 == b.len() {
+            out.push(b[i]);
+            i += 1;
+            continue;
+        }
+        let hex = |at: usize| b.get(at).and_then(|&c| (c as char).to_digit(16));
+        let (byte, used) = match b[i + 1] {
+            b'n' => (b'\n', 2),
+            b'r' => (b'\r', 2),
+            b't' => (b'\t', 2),
+            b'\'' | b'"' | b'\\' => (b[i + 1], 2),
+            b'x' => match (hex(i + 2), hex(i + 3)) {
+                (Some(h), Some(l)) => ((h * 16 + l) as u8, 4),
+                _ => (b'\\', 1),
+            },
+            _ => (b'\\', 1),
+        };
+        out.push(byte);
+        i += used;
+    }
+    out
 }
 
 /// Which model to load.
@@ -105,7 +153,7 @@ pub struct ComputeArgs {
     /// Compute threads (default: all available CPUs).
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
-    /// Context size in tokens (default: the model's, at most 4096).
+    /// Context size in tokens (default: the model's, at most 4096; 0: the model's).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// Most prompt tokens evaluated per step.
@@ -182,8 +230,13 @@ impl ComputeArgs {
         resolve_threads(self.threads)
     }
 
+    /// The context to run with, warning on stderr past the trained one.
     pub fn ctx(&self, model: &Model) -> usize {
-        self.ctx_size.filter(|&c| c > 0).unwrap_or(model.cfg.n_ctx_train.min(4096))
+        let ctx = model.cfg.context_for(self.ctx_size);
+        if let Some(w) = model.cfg.context_warning(ctx) {
+            eprintln!("blink: warning: {w}");
+        }
+        ctx
     }
 }
 
@@ -244,9 +297,9 @@ pub struct SamplingArgs {
     /// Random seed (default, or -1: a fresh one each run).
     #[arg(short = 's', long = "seed", allow_negative_numbers = true, value_parser = parse_seed)]
     pub seed: Option<Seed>,
-    /// Keep only the k most likely tokens (0: off).
-    #[arg(long = "top-k", default_value_t = 40)]
-    pub top_k: usize,
+    /// Keep only the k most likely tokens (0 or less: off).
+    #[arg(long = "top-k", default_value_t = 40, allow_negative_numbers = true)]
+    pub top_k: i64,
     /// Keep the smallest set of tokens whose probability reaches p (1: off).
     #[arg(long = "top-p", default_value_t = 0.95)]
     pub top_p: f32,
@@ -276,7 +329,7 @@ impl SamplingArgs {
         };
         let params = blink_engine::SamplingParams {
             temperature: self.temp,
-            top_k: self.top_k,
+            top_k: usize::try_from(self.top_k).unwrap_or(0),
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
@@ -325,4 +378,23 @@ pub fn io_runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
             }
         })
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::process_escapes;
+
+    #[test]
+    fn escapes_follow_llama_cpp() {
+        for (text, want) in [
+            ("a\\nb\\rc\\td", &b"a\nb\rc\td"[..]),
+            ("\\'\\\"\\\\", b"'\"\\"),
+            ("\\x41\\x7e\\xff", b"A~\xff"),
+            // Not escapes: kept as written.
+            ("\\q \\x4 \\xg1 end\\", b"\\q \\x4 \\xg1 end\\"),
+            ("\\\\n", b"\\n"),
+        ] {
+            assert_eq!(process_escapes(text), want, "{text:?}");
+        }
+    }
 }

@@ -37,8 +37,31 @@ enum Command {
     Info(cmd::info::Args),
 }
 
+/// llama.cpp's multi-letter short options that mean something here, in clap's spelling
+/// (its short options are one letter): `-np` (servers) and `-sys`. Its GPU-offload option
+/// `-ngl N` is dropped with a note, as llama.cpp's CPU builds do. A value given to a text
+/// option (`-p -sys`) is left alone.
+fn llama_cpp_spellings(args: Vec<std::ffi::OsString>, serving: bool) -> Vec<std::ffi::OsString> {
+    const TEXT_OPTIONS: [&str; 8] = ["-p", "--prompt", "--system", "--system-prompt", "--stop", "-f", "--file", "-m"];
+    let mut out = Vec::with_capacity(args.len());
+    let mut it = args.into_iter().peekable();
+    while let Some(a) = it.next() {
+        let after_text_option = out.last().is_some_and(|p: &std::ffi::OsString| TEXT_OPTIONS.iter().any(|o| p == o));
+        match a.to_str() {
+            _ if after_text_option => out.push(a),
+            Some("-np") if serving => out.push("--parallel".into()),
+            Some("-sys") => out.push("--system".into()),
+            Some("-ngl" | "--n-gpu-layers" | "--gpu-layers") => {
+                it.next_if(|v| v.to_str().is_some_and(|v| v.parse::<i64>().is_ok() || v == "auto" || v == "all"));
+                eprintln!("blink: runs on the CPU; {} ignored", a.to_string_lossy());
+            }
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
 fn main() {
-    // llama.cpp's servers spell --parallel `-np`; clap's short flags are one letter.
     let args: Vec<_> = std::env::args_os().collect();
     let serving = args.get(1).is_some_and(|c| c == "serve" || c == "bench-serve");
     if !serving {
@@ -49,7 +72,7 @@ fn main() {
         // SAFETY: restoring a signal's default action, before any other thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    let cli = Cli::parse_from(args.into_iter().map(|a| if serving && a == "-np" { "--parallel".into() } else { a }));
+    let cli = Cli::parse_from(llama_cpp_spellings(args, serving));
     let result = match cli.command {
         Command::Run(a) => cmd::run::main(a),
         Command::Chat(a) => cmd::chat::main(a),

@@ -15,10 +15,10 @@ pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     /// System message opening the conversation.
-    #[arg(long = "system")]
+    #[arg(long = "system", alias = "system-prompt", allow_hyphen_values = true)]
     system: Option<String>,
     /// Most tokens per reply (-1 or -2: until the end of the turn or a full context).
-    #[arg(short = 'n', long = "max-tokens", default_value_t = -1, allow_negative_numbers = true)]
+    #[arg(short = 'n', long = "max-tokens", alias = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     max_tokens: i64,
     /// Print speed after each reply.
     #[arg(long)]

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use blink_model::config::{RopeOrder, RopeScaling};
+
 use crate::common::{CliResult, Loaded, ModelArgs};
 
 #[derive(clap::Args)]
@@ -77,19 +79,29 @@ pub fn main(args: Args) -> CliResult {
     println!("heads:           {} query, {} key/value, size {}", cfg.n_head, cfg.n_head_kv, cfg.head_dim);
     println!("context (train): {}", cfg.n_ctx_train);
     println!(
-        "rope:            {:?} order, {} dims, base {}, scaling {:?}",
-        cfg.rope.order, cfg.rope.n_dims, cfg.rope.freq_base, cfg.rope.scaling
+        "rope:            {} order, {} dims, base {}, scaling {}",
+        match cfg.rope.order {
+            RopeOrder::Normal => "normal",
+            RopeOrder::NeoX => "neox",
+        },
+        cfg.rope.n_dims,
+        cfg.rope.freq_base,
+        match cfg.rope.scaling {
+            RopeScaling::None => "none".to_string(),
+            RopeScaling::Linear { factor } => format!("linear ×{factor}"),
+            RopeScaling::Yarn { factor, original_ctx, .. } => format!("yarn ×{factor} (trained at {original_ctx})"),
+        }
     );
     println!("rms norm eps:    {:e}", cfg.norm_eps);
     println!("tied output:     {}", file.tensor("output.weight").is_none());
     println!("tensors:         {} — {}", file.tensors().len(), types.join(", "));
     println!(
-        "tokenizer:       {} ({}), {} tokens, bos {:?}, eos {:?}, add_bos {}, add_eos {}",
+        "tokenizer:       {} ({}), {} tokens, bos {}, eos {}, add_bos {}, add_eos {}",
         tok.model_kind(),
         tok.pre().map_or_else(|| "no pre-tokenizer".to_string(), |p| format!("pre-tokenizer {p}")),
         tok.vocab_size(),
-        tok.bos(),
-        tok.eos(),
+        id_or_none(tok.bos()),
+        id_or_none(tok.eos()),
         tok.add_bos(),
         tok.add_eos()
     );
@@ -108,4 +120,8 @@ pub fn main(args: Args) -> CliResult {
         }
     }
     Ok(())
+}
+
+fn id_or_none(id: Option<u32>) -> String {
+    id.map_or_else(|| "none".to_string(), |id| id.to_string())
 }

@@ -34,7 +34,8 @@ pub fn main(args: Args) -> CliResult {
         kv_type: args.compute.cache_type,
         max_chunks: args.chunks.map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
     };
-    eprintln!("blink: {} tokens, {} chunks of {ctx}", tokens.len(), tokens.len() / ctx);
+    let chunks = (tokens.len() / ctx).min(cfg.max_chunks.unwrap_or(usize::MAX));
+    eprintln!("blink: {} tokens, {chunks} chunks of {ctx}", tokens.len());
     let started = std::time::Instant::now();
     let mut err = std::io::stderr();
     let result = perplexity(&loaded.model, &tokens, &cfg, &mut |chunk, ppl| {

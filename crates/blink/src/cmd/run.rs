@@ -18,13 +18,13 @@ pub struct Args {
     #[arg(long)]
     raw: bool,
     /// System message (chat-template mode only).
-    #[arg(long = "system")]
+    #[arg(long = "system", alias = "system-prompt", allow_hyphen_values = true)]
     system: Option<String>,
     /// Most tokens to generate (-1 or -2: until the end of generation or a full context).
     #[arg(short = 'n', long = "max-tokens", alias = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     max_tokens: i64,
     /// Stop before this text (repeatable).
-    #[arg(long = "stop")]
+    #[arg(long = "stop", allow_hyphen_values = true)]
     stop: Vec<String>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long = "ignore-eos")]

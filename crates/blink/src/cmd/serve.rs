@@ -42,7 +42,7 @@ pub struct Args {
 /// How the engine serves the model (shared with `blink bench-serve`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct EngineArgs {
-    /// Longest sequence (prompt + generated) per request (default: the model's context, at most 4096).
+    /// Longest sequence (prompt + generated) per request (default: the model's context, at most 4096; 0: the model's).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// KV cache tokens over all running sequences (default: --parallel × --ctx-size; unused

@@ -10,7 +10,7 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     prompt: PromptArgs,
-    /// Do not add BOS even if the model's metadata asks for it.
+    /// Add no BOS (nor EOS) even if the model's metadata asks for them.
     #[arg(long = "no-bos")]
     no_bos: bool,
     /// Treat special-token texts such as <|im_start|> as plain text.
@@ -23,17 +23,9 @@ pub fn main(args: Args) -> CliResult {
     let path = args.model.path()?;
     let file = args.model.open()?;
     let tok = Tokenizer::from_gguf(&file).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut ids = tok.encode(&text, false, !args.no_parse_special);
-    if !args.no_bos && tok.add_bos() {
-        if let Some(bos) = tok.bos() {
-            ids.insert(0, bos);
-        }
-    }
-    if tok.add_eos() {
-        if let Some(eos) = tok.eos() {
-            ids.push(eos);
-        }
-    }
+    // As llama-tokenize: the model's BOS and EOS are added together, only when it asks for
+    // BOS and `--no-bos` is not given.
+    let ids = tok.encode(&text, tok.add_bos() && !args.no_bos, !args.no_parse_special);
     println!("{}", serde_json::to_string(&ids)?);
     Ok(())
 }
