@@ -40,6 +40,16 @@ try {
     if (r.url().endsWith("/v1/chat/completions")) chatBodies.push(JSON.parse(r.postData() || "{}"));
   });
 
+  const setMaxTokens = async (n) => {
+    await page.fill("#max-tokens", String(n));
+    await page.dispatchEvent("#max-tokens", "change");
+  };
+  const sendMessage = async (text) => {
+    await page.fill("#input", text);
+    await page.click("#send");
+  };
+  const idle = () => page.waitForFunction(() => document.getElementById("send").textContent === "Send");
+
   await page.goto(url);
   await page.waitForFunction(() => document.getElementById("model").textContent.trim() !== "connecting…");
   const model = (await page.textContent("#model")).trim();
@@ -60,10 +70,8 @@ try {
 
   // 2. A short second turn with the conversation kept.
   await page.click("#toggle-settings");
-  await page.fill("#max-tokens", "16");
-  await page.dispatchEvent("#max-tokens", "change");
-  await page.fill("#input", "Thanks! Now just say hello.");
-  await page.click("#send");
+  await setMaxTokens(16);
+  await sendMessage("Thanks! Now just say hello.");
   await page.waitForFunction(() => document.querySelectorAll(".msg.assistant[data-done='1']").length === 2);
   const replies = await page.$$eval(".msg.assistant", (els) => els.map((e) => e.textContent));
   if (!replies[1]) await fail("the second reply is empty");
@@ -77,16 +85,12 @@ try {
 
   // 3. A turn the server refuses (prompt plus max_tokens beyond the context) is shown as an
   // error and leaves the conversation: the next request does not carry it.
-  await page.fill("#max-tokens", "1000000");
-  await page.dispatchEvent("#max-tokens", "change");
-  await page.fill("#input", "This question is refused.");
-  await page.click("#send");
+  await setMaxTokens(1000000);
+  await sendMessage("This question is refused.");
   await page.waitForSelector(".msg.error");
-  await page.waitForFunction(() => document.getElementById("send").textContent === "Send");
-  await page.fill("#max-tokens", "8");
-  await page.dispatchEvent("#max-tokens", "change");
-  await page.fill("#input", "Say hello again.");
-  await page.click("#send");
+  await idle();
+  await setMaxTokens(8);
+  await sendMessage("Say hello again.");
   await page.waitForFunction(() => document.querySelectorAll(".msg.assistant[data-done='1']").length === 3);
   const afterError = chatBodies[chatBodies.length - 1].messages.map((m) => m.role + ":" + m.content);
   if (afterError.length !== 5 || afterError.some((m) => m.includes("refused")) || afterError[4] !== "user:Say hello again.") {
@@ -94,20 +98,16 @@ try {
   }
 
   // 4. "New chat" while a reply streams: the next request starts a fresh conversation.
-  await page.fill("#max-tokens", "200");
-  await page.dispatchEvent("#max-tokens", "change");
-  await page.fill("#input", "Write a long story about a castle.");
-  await page.click("#send");
+  await setMaxTokens(200);
+  await sendMessage("Write a long story about a castle.");
   await page.waitForFunction(() => {
     const m = document.querySelector(".msg.assistant.streaming");
     return m && m.textContent.length > 20;
   });
   await page.click("#new");
-  await page.waitForFunction(() => document.getElementById("send").textContent === "Send");
-  await page.fill("#max-tokens", "8");
-  await page.dispatchEvent("#max-tokens", "change");
-  await page.fill("#input", "Say hello.");
-  await page.click("#send");
+  await idle();
+  await setMaxTokens(8);
+  await sendMessage("Say hello.");
   await page.waitForSelector(".msg.assistant[data-done='1']");
   const fresh = chatBodies[chatBodies.length - 1].messages;
   if (fresh.length !== 1 || fresh[0].role !== "user" || fresh[0].content !== "Say hello.") {
