@@ -5,7 +5,8 @@
 //! nothing to load, and prints the multiply-accumulates per second they allow: the most
 //! any packed kernel in that order can reach on one core. Compare `gemm_stream`'s figures
 //! with it. `dpbusd` and FMA are also timed alone, which shows whether they share pipes
-//! (on Zen 4 they do: together they run at half the rate of either).
+//! (on Zen 4 they do: together they run at half the rate of either), and with the
+//! activation broadcast from memory as the kernel does (free on Zen 4: a load alone).
 //! `cargo run --release -p blink-kernels --example dot_floor`.
 
 #[cfg(target_arch = "x86_64")]
@@ -17,27 +18,30 @@ mod floor {
     /// Loop trips per timing; each trip issues eight of the measured groups.
     const TRIPS: usize = 50_000_000;
 
-    #[derive(Clone, Copy)]
-    pub enum Mix {
-        Dpbusd,
-        Fma,
-        DpbusdCvtFma,
-    }
+    /// The mixes timed: `dpbusd` alone, FMA alone, the two with a convert between, and
+    /// that with the activation broadcast from memory (as the kernel loads it).
+    pub const DPBUSD: u8 = 0;
+    pub const FMA: u8 = 1;
+    pub const DPBUSD_CVT_FMA: u8 = 2;
+    pub const WITH_BROADCAST: u8 = 3;
 
-    /// Groups (one of `mix`) per second, eight independent chains.
+    /// Groups (one of mix `M`) per second, eight independent chains.
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
-    pub unsafe fn rate(mix: Mix) -> f64 {
+    pub unsafe fn rate<const M: u8>() -> f64 {
         let (w, a) = (black_box(_mm256_set1_epi8(3)), black_box(_mm256_set1_epi8(5)));
         let s = black_box(_mm256_set1_ps(1e-9));
+        let buf: Vec<i32> = (0..8192).map(|i| i * 7 + 1).collect();
         let mut i = [_mm256_setzero_si256(); 8];
         let mut f = [_mm256_setzero_ps(); 8];
         let t = Instant::now();
-        for _ in 0..TRIPS {
+        for trip in 0..TRIPS {
+            let p = buf.as_ptr().add((trip & 127) * 64);
             for k in 0..8 {
-                match mix {
-                    Mix::Dpbusd => i[k] = _mm256_dpbusd_epi32(i[k], w, a),
-                    Mix::Fma => f[k] = _mm256_fmadd_ps(s, s, f[k]),
-                    Mix::DpbusdCvtFma => {
+                let a = if M == WITH_BROADCAST { _mm256_set1_epi32(p.add(k).read()) } else { a };
+                match M {
+                    DPBUSD => i[k] = _mm256_dpbusd_epi32(i[k], w, a),
+                    FMA => f[k] = _mm256_fmadd_ps(s, s, f[k]),
+                    _ => {
                         // The sums chain too, so nothing is loop-invariant.
                         i[k] = _mm256_dpbusd_epi32(i[k], w, a);
                         f[k] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(i[k]), f[k]);
@@ -53,20 +57,23 @@ mod floor {
 
 #[cfg(target_arch = "x86_64")]
 fn main() {
-    use floor::Mix;
+    use floor::*;
     if !blink_kernels::cpu::Isa::Avx512Vnni.supported() {
         println!("this CPU has no AVX-512 VNNI; the floor is measured for that path only");
         return;
     }
-    let median = |mix| {
-        let mut r: Vec<f64> = (0..5).map(|_| unsafe { floor::rate(mix) }).collect();
+    let median = |rate: unsafe fn() -> f64| {
+        // SAFETY: the CPU has AVX-512 VNNI (checked above).
+        let mut r: Vec<f64> = (0..5).map(|_| unsafe { rate() }).collect();
         r.sort_by(|a, b| a.total_cmp(b));
         r[2]
     };
-    let (dot, fma, both) = (median(Mix::Dpbusd), median(Mix::Fma), median(Mix::DpbusdCvtFma));
+    let (dot, fma, both) = (median(rate::<DPBUSD>), median(rate::<FMA>), median(rate::<DPBUSD_CVT_FMA>));
+    let loaded = median(rate::<WITH_BROADCAST>);
     println!("dpbusd alone:          {:.2} G/s", dot / 1e9);
     println!("FMA alone:             {:.2} G/s", fma / 1e9);
     println!("dpbusd + cvt + FMA:    {:.2} G/s = {:.1} GMAC/s per core (32 products each; median of 5)", both / 1e9, both * 32.0 / 1e9);
+    println!("  with a broadcast load: {:.2} G/s", loaded / 1e9);
 }
 
 #[cfg(not(target_arch = "x86_64"))]
