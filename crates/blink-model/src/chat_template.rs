@@ -10,6 +10,11 @@
 //! Like llama.cpp, a template loaded from a GGUF file drops a leading BOS text when the tokenizer
 //! adds BOS itself (and a trailing EOS text when it adds EOS), so that the rendered prompt can be
 //! tokenized with `add_special = true` without doubling them.
+//!
+//! A template is code from the model file, so rendering is bounded: [`RENDER_FUEL`] template
+//! instructions, [`MAX_RENDERED`] bytes of output, and `tojson` refuses absurd indents and
+//! nesting. A template that builds values that large by other means (a string doubled in a
+//! loop) can still exhaust memory.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -59,6 +64,14 @@ pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + messa
     '<|im_start|>assistant\n' }}{% endif %}";
 
 const NAME: &str = "chat_template";
+/// Template instructions one rendering may run: real templates need thousands per message;
+/// this stops a runaway loop within about a second.
+pub const RENDER_FUEL: u64 = 10_000_000;
+/// Longest rendered prompt, in bytes: far past any context, short of exhausting memory.
+pub const MAX_RENDERED: usize = 32 << 20;
+/// Deepest value `tojson` writes, and its largest indent.
+const MAX_JSON_DEPTH: usize = 128;
+const MAX_JSON_INDENT: usize = 64;
 /// Prefix marking errors raised by `raise_exception` (kept out of the final message).
 const RAISED: &str = "\u{1}raise_exception\u{1}";
 
@@ -85,6 +98,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
+        env.set_fuel(Some(RENDER_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -111,6 +125,15 @@ impl ChatTemplate {
         let t = template_tokens(file)?;
         let tmpl = ChatTemplate::new(source, t.bos, t.eos)?.strip_special(t.add_bos, t.add_eos);
         Ok(Some(tmpl))
+    }
+
+    /// As [`ChatTemplate::from_gguf`], but a template that does not compile gives ChatML and
+    /// a warning saying so, as llama.cpp does (the model stays usable).
+    pub fn from_gguf_or_chatml(file: &GgufFile) -> Result<(Option<ChatTemplate>, Option<String>), TemplateError> {
+        match ChatTemplate::from_gguf(file) {
+            Err(TemplateError::Syntax(e)) => Ok((Some(ChatTemplate::chatml()), Some(format!("the chat template does not compile ({e}); using ChatML")))),
+            r => r.map(|t| (t, None)),
+        }
     }
 
     /// The ChatML template ([`CHATML`]).
@@ -163,7 +186,13 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         };
-        let mut out = tmpl.render(ctx).map_err(classify)?;
+        let mut out = Capped(Vec::new());
+        tmpl.render_captured_to(ctx, &mut out).map_err(|e| match e.kind() {
+            ErrorKind::WriteFailure => TemplateError::Render(format!("the rendered prompt is longer than {} MiB", MAX_RENDERED >> 20)),
+            _ => classify(e),
+        })?;
+        // minijinja writes whole strings, so the bytes are UTF-8.
+        let mut out = String::from_utf8(out.0).map_err(|e| TemplateError::Render(e.to_string()))?;
         if self.strip_bos && !self.bos_token.is_empty() && out.starts_with(&self.bos_token) {
             out.drain(..self.bos_token.len());
         }
@@ -171,6 +200,23 @@ impl ChatTemplate {
             out.truncate(out.len() - self.eos_token.len());
         }
         Ok(out)
+    }
+}
+
+/// Rendered output, refused past [`MAX_RENDERED`] bytes.
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDERED {
+            return Err(std::io::Error::other("rendered prompt too long"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -293,6 +339,9 @@ fn days_from_civil(year: i64) -> i64 {
 /// sort_keys=sort_keys)`.
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
+    if indent.is_some_and(|n| n > MAX_JSON_INDENT) {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: an indent above {MAX_JSON_INDENT}")));
+    }
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let mut out = String::new();
     write_json(&value, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
@@ -300,6 +349,9 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
 }
 
 fn write_json(v: &Value, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) -> Result<(), Error> {
+    if depth > MAX_JSON_DEPTH {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: a value nested deeper than {MAX_JSON_DEPTH}")));
+    }
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
             out.push('\n');

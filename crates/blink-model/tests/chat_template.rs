@@ -162,3 +162,52 @@ fn templates_are_shareable() {
     fn shareable<T: Send + Sync>() {}
     shareable::<ChatTemplate>();
 }
+
+/// A template is code from the model file: runaway loops, huge output and absurd `tojson`
+/// arguments end in a render error, in bounded time, while a long real conversation renders.
+#[test]
+fn hostile_templates_end_in_errors() {
+    let render_err = |src: &str| {
+        let started = std::time::Instant::now();
+        let r = ChatTemplate::new(src, "", "").unwrap().render(&[msg("user", "hi")], true);
+        assert!(started.elapsed().as_secs() < 30, "{src}: took {:?}", started.elapsed());
+        match r {
+            Err(TemplateError::Render(m)) => m,
+            other => panic!("{src}: expected a render error, got {other:?}"),
+        }
+    };
+    let m = render_err("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+    assert!(m.contains("fuel"), "{m}");
+    let m = render_err("{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}");
+    assert!(m.contains("longer than 32 MiB"), "{m}");
+    let m = render_err("{{ [1] | tojson(indent=10000000000) }}");
+    assert!(m.contains("indent"), "{m}");
+    render_err("{{ [1] | tojson(indent=9223372036854775808) }}");
+    let m = render_err("{% set ns = namespace(v=[]) %}{% for i in range(200) %}{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v | tojson }}");
+    assert!(m.contains("nested deeper"), "{m}");
+    // Thousands of messages stay well within the bounds.
+    let long: Vec<ChatMessage> = (0..4000).map(|i| msg(if i % 2 == 0 { "user" } else { "assistant" }, "some words here")).collect();
+    let out = ChatTemplate::new(CHATML_QWEN, "", "").unwrap().render(&long, true).unwrap();
+    assert!(out.len() > 4000 * 20);
+}
+
+/// A template that does not compile leaves the model usable with ChatML, and says so, as
+/// llama.cpp does.
+#[test]
+fn a_template_that_does_not_compile_falls_back_to_chatml() {
+    let real = GgufFile::open(model_path()).expect("default model");
+    let mut w = blink_gguf::GgufWriter::new();
+    for (k, v) in real.metadata() {
+        if k.starts_with("tokenizer.") || k == "general.architecture" {
+            w.add(k.as_str(), v.clone()).unwrap();
+        }
+    }
+    w.set("tokenizer.chat_template", blink_gguf::Value::from("{% for x in %}")).unwrap();
+    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    let (tmpl, warning) = ChatTemplate::from_gguf_or_chatml(&file).unwrap();
+    assert!(warning.unwrap().contains("does not compile"));
+    assert_eq!(tmpl.unwrap().render(&[msg("user", "U")], true).unwrap(), "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+    // The file's own template, when it compiles, comes with no warning.
+    let (tmpl, warning) = ChatTemplate::from_gguf_or_chatml(&real).unwrap();
+    assert!(tmpl.is_some() && warning.is_none());
+}

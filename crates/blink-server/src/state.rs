@@ -110,7 +110,10 @@ impl Ready {
         let placement = opts.placement.clone().unwrap_or_else(|| Placement::flat(threads));
         let model = Model::from_gguf_placed(file.clone(), &placement).map_err(|e| with_path(&e))?;
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| with_path(&e))?;
-        let template = ChatTemplate::from_gguf(&file).map_err(|e| with_path(&e))?;
+        let (template, warning) = ChatTemplate::from_gguf_or_chatml(&file).map_err(|e| with_path(&e))?;
+        if let Some(w) = warning {
+            eprintln!("blink: warning: {}", with_path(&w));
+        }
 
         let ctx = model.cfg.context_for(opts.ctx_size);
         if let Some(w) = model.cfg.context_warning(ctx) {

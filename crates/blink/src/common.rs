@@ -272,7 +272,10 @@ impl Loaded {
         // The architecture first: it is the most basic thing a file can get wrong.
         let model = Model::from_gguf_placed(file.clone(), placement).map_err(|e| with_path(&e))?;
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| with_path(&e))?;
-        let template = ChatTemplate::from_gguf(&file).map_err(|e| with_path(&e))?;
+        let (template, warning) = ChatTemplate::from_gguf_or_chatml(&file).map_err(|e| with_path(&e))?;
+        if let Some(w) = warning {
+            eprintln!("blink: warning: {}", with_path(&w));
+        }
         Ok(Loaded { model, tokenizer, template })
     }
 }
