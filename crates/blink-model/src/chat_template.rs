@@ -14,7 +14,7 @@
 //! A template is code from the model file, so rendering is bounded: [`RENDER_FUEL`] template
 //! instructions, [`MAX_RENDERED`] bytes of output, and `tojson` refuses absurd indents and
 //! nesting. A template that builds values that large by other means (a string doubled in a
-//! loop) can still exhaust memory.
+//! loop, a list nested thousands deep and then printed) can still exhaust memory or stack.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
