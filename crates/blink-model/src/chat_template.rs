@@ -103,7 +103,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.clone()).map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        env.add_template_owned(NAME, join_continued_lines(&source)).map_err(|e| TemplateError::Syntax(describe(&e)))?;
         Ok(ChatTemplate {
             env,
             source,
@@ -201,6 +201,60 @@ impl ChatTemplate {
         }
         Ok(out)
     }
+}
+
+/// `source` with every backslash-newline inside a string literal of a tag removed: jinja2
+/// reads string literals with Python's escapes, where that pair continues the line, while
+/// minijinja keeps both characters (Mistral's templates write long system prompts so).
+fn join_continued_lines(source: &str) -> String {
+    if !source.contains("\\\n") {
+        return source.to_string();
+    }
+    let b = source.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let (mut i, mut in_tag, mut quote) = (0, false, None::<u8>);
+    while i < b.len() {
+        let (c, next) = (b[i], b.get(i + 1).copied());
+        match quote {
+            Some(q) => {
+                if c == b'\\' && next == Some(b'\n') {
+                    i += 2;
+                    continue;
+                }
+                if c == b'\\' {
+                    out.push(c);
+                    out.extend(next);
+                    i += 2;
+                    continue;
+                }
+                if c == q {
+                    quote = None;
+                }
+            }
+            None if in_tag => match (c, next) {
+                (b'\'' | b'"', _) => quote = Some(c),
+                (b'}' | b'%', Some(b'}')) => {
+                    in_tag = false;
+                    out.extend([c, b'}']);
+                    i += 2;
+                    continue;
+                }
+                _ => {}
+            },
+            None => {
+                if let (b'{', Some(open @ (b'{' | b'%'))) = (c, next) {
+                    in_tag = true;
+                    out.extend([c, open]);
+                    i += 2;
+                    continue;
+                }
+            }
+        }
+        out.push(c);
+        i += 1;
+    }
+    // Only ASCII pairs were removed, so the text is still UTF-8.
+    String::from_utf8(out).unwrap_or_else(|_| source.to_string())
 }
 
 /// Rendered output, refused past [`MAX_RENDERED`] bytes.

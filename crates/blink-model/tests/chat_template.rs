@@ -211,3 +211,14 @@ fn a_template_that_does_not_compile_falls_back_to_chatml() {
     let (tmpl, warning) = ChatTemplate::from_gguf_or_chatml(&real).unwrap();
     assert!(tmpl.is_some() && warning.is_none());
 }
+
+/// A backslash-newline inside a string literal continues the line, as in jinja2 (Python's
+/// string escapes); elsewhere it is text.
+#[test]
+fn backslash_newlines_in_string_literals_continue_the_line() {
+    let render = |src: &str| ChatTemplate::new(src, "", "").unwrap().render(&[], false).unwrap();
+    assert_eq!(render("{{ \"one \\\ntwo\" }}"), "one two");
+    assert_eq!(render("{% set s = 'a\\\nb' %}{{ s }}|x\\\ny"), "ab|x\\\ny");
+    // An escaped backslash before a newline is a backslash and a newline.
+    assert_eq!(render("{{ 'a\\\\\nb' }}"), "a\\\nb");
+}
