@@ -2,11 +2,12 @@
 //! exactly the tokens it gets alone, with each step built while the previous one computes;
 //! cancelled requests free their cache; shared prefixes are reused, to the token, with the
 //! same results as computing them, even by requests that arrive while the prefix computes;
-//! a request that arrives while a step computes joins the next one.
+//! a request that arrives while a step computes joins the next one; the queue bound counts
+//! only requests that must wait; a prompt moves on however many sequences decode.
 
 mod support;
 
-use blink_engine::serve::{Engine, Request};
+use blink_engine::serve::{Engine, EngineConfig, Request, SubmitError};
 use blink_engine::SamplingParams;
 use support::{collect, config, greedy, model, next_is_token, settled, solo};
 
@@ -159,9 +160,56 @@ fn requests_arriving_mid_step_join_the_next_step() {
 fn oversized_and_invalid_requests_are_refused() {
     let (model, tok) = model();
     let engine = Engine::start(model, tok.eog_ids().to_vec(), config()).unwrap();
+    // The cache's size is published before any request.
+    assert_eq!(engine.stats().kv_blocks_total * 16, 8192, "{:?}", engine.stats());
     assert!(engine.submit(greedy(vec![], 4)).is_err());
     assert!(engine.submit(greedy(vec![1; 500], 100)).is_err());
     assert!(engine.submit(greedy(vec![1, 2], 0)).is_err());
     let bad = Request { sampling: SamplingParams { top_p: 7.0, ..SamplingParams::greedy() }, ..greedy(vec![1, 2], 4) };
     assert!(engine.submit(bad).is_err());
+}
+
+/// A request that decodes for a long time (end-of-generation ignored).
+fn long(prompt: Vec<u32>) -> Request {
+    Request { ignore_eos: true, ..greedy(prompt, 400) }
+}
+
+#[test]
+fn the_queue_bound_counts_only_requests_that_must_wait() {
+    let (model, tok) = model();
+    let cfg = EngineConfig { max_queue: 1, ..config() };
+    let engine = Engine::start(model, tok.eog_ids().to_vec(), cfg.clone()).unwrap();
+    let prompt = tok.encode("Write a long story about a lighthouse keeper.", false, true);
+    // A burst as large as the free slots is taken whole, however short the queue.
+    let mut running: Vec<_> = (0..cfg.max_running).map(|_| engine.submit(long(prompt.clone())).unwrap()).collect();
+    for sub in &mut running {
+        assert!(next_is_token(sub));
+    }
+    // Every slot is busy: one request may wait, the next is refused.
+    let queued = engine.submit(long(prompt.clone())).unwrap();
+    assert_eq!(engine.submit(long(prompt.clone())).err(), Some(SubmitError::QueueFull(1)));
+    drop(queued);
+    drop(running);
+    settled(&engine);
+}
+
+#[test]
+fn a_prompt_moves_on_while_more_sequences_decode_than_a_step_holds() {
+    let (model, tok) = model();
+    let prompt = tok.encode("The history of the bicycle begins in the early nineteenth century, when", false, true);
+    let reply = solo(&model, &tok, &prompt, 6);
+    // Six decode rows fill a four-token step.
+    let cfg = EngineConfig { step_tokens: 4, ..config() };
+    let engine = Engine::start(model, tok.eog_ids().to_vec(), cfg).unwrap();
+    let story = tok.encode("Once upon a time", false, true);
+    let mut decoding: Vec<_> = (0..6).map(|_| engine.submit(long(story.clone())).unwrap()).collect();
+    for sub in &mut decoding {
+        assert!(next_is_token(sub));
+    }
+    let mut sub = engine.submit(greedy(prompt, 6)).unwrap();
+    assert_eq!(collect(&mut sub).0, reply);
+    // It finished long before the others could have.
+    assert_eq!(engine.stats().running, 6, "{:?}", engine.stats());
+    drop(decoding);
+    settled(&engine);
 }

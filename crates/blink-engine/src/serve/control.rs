@@ -13,7 +13,7 @@
 //! changed meanwhile.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
@@ -22,7 +22,7 @@ use blink_model::{SeqId, StepRow};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{EngineStats, Event, Request, Usage};
-use super::{Command, EngineConfig};
+use super::{Command, EngineConfig, Occupancy};
 use crate::sampling::Sampler;
 use crate::session::FinishReason;
 
@@ -71,7 +71,7 @@ pub(super) struct Control {
     pub(super) stop: bool,
     disconnected: bool,
     shared_stats: Arc<Mutex<EngineStats>>,
-    waiting_count: Arc<AtomicU64>,
+    occupancy: Arc<Occupancy>,
     pub(super) stats: EngineStats,
 }
 
@@ -80,9 +80,14 @@ impl Control {
         cfg: EngineConfig,
         commands: Receiver<Command>,
         shared_stats: Arc<Mutex<EngineStats>>,
-        waiting_count: Arc<AtomicU64>,
+        occupancy: Arc<Occupancy>,
         kv_blocks_total: usize,
     ) -> Control {
+        let stats = EngineStats { kv_blocks_total, ..Default::default() };
+        // Published at once, so the cache's size is known before the first request.
+        if let Ok(mut shared) = shared_stats.lock() {
+            shared.clone_from(&stats);
+        }
         Control {
             planned: Vec::with_capacity(cfg.step_tokens),
             outbox: Vec::with_capacity(cfg.max_running),
@@ -94,8 +99,8 @@ impl Control {
             stop: false,
             disconnected: false,
             shared_stats,
-            waiting_count,
-            stats: EngineStats { kv_blocks_total, ..Default::default() },
+            occupancy,
+            stats,
         }
     }
 
@@ -176,6 +181,7 @@ impl Control {
             let usage = Usage { prompt_tokens: seq.n_prompt, completion_tokens: seq.generated, cached_tokens: seq.cached };
             let _ = seq.events.send(Event::Finished { reason, usage });
             kv.free_seq(seq.kv);
+            self.occupancy.running.fetch_sub(1, Ordering::AcqRel);
             let s = &mut self.stats;
             s.requests_finished += 1;
             s.prompt_tokens_total += seq.n_prompt as u64;
@@ -211,7 +217,7 @@ impl Control {
         self.waiting.retain(|p| !p.events.is_closed());
         let gone = before - self.waiting.len();
         if gone > 0 {
-            self.waiting_count.fetch_sub(gone as u64, Ordering::AcqRel);
+            self.occupancy.waiting.fetch_sub(gone as u64, Ordering::AcqRel);
         }
         for seq in &mut self.running {
             if seq.events.is_closed() {
@@ -241,7 +247,8 @@ impl Control {
                 break;
             }
             let p = self.waiting.remove(i).expect("index checked above");
-            self.waiting_count.fetch_sub(1, Ordering::AcqRel);
+            self.occupancy.running.fetch_add(1, Ordering::AcqRel);
+            self.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
             let _ = p.events.send(Event::Admitted { cached_tokens: cached });
             let mut sampler = Sampler::new(p.request.sampling.clone());
             for &t in &p.request.prompt {
@@ -291,8 +298,12 @@ impl Control {
 
     /// Add chunks of pending prompts to the next step's plan, oldest request first, within
     /// the token budget left by up to `decoding` decode rows and the rows already planned.
+    /// Prompts get at least a quarter of the budget however many sequences decode, so a new
+    /// request moves on while more sequences decode than a step holds tokens (the step's
+    /// buffers hold `step_tokens + max_running` rows).
     fn plan_prompts(&mut self, decoding: usize) {
-        let mut budget = self.cfg.step_tokens.saturating_sub(decoding + self.planned.len());
+        let floor = self.cfg.step_tokens.div_ceil(4);
+        let mut budget = self.cfg.step_tokens.saturating_sub(decoding).max(floor).saturating_sub(self.planned.len());
         for seq in &mut self.running {
             if budget == 0 {
                 break;

@@ -37,7 +37,8 @@ pub struct EngineConfig {
     pub step_tokens: usize,
     /// Most sequences running at once.
     pub max_running: usize,
-    /// Most requests waiting for admission; more are refused with `QueueFull`.
+    /// Most requests waiting for admission beyond the free sequence slots; more are
+    /// refused with `QueueFull`.
     pub max_queue: usize,
     pub kv_type: KvType,
     /// Reuse the KV blocks of shared prompt prefixes.
@@ -50,11 +51,20 @@ enum Command {
     Shutdown,
 }
 
+/// Requests submitted but not yet admitted, and sequences running: `submit` reads them to
+/// bound the queue, the engine thread moves requests from one to the other (counting a
+/// request as running before it stops counting it as waiting, so `submit` never sees room
+/// that is not there).
+#[derive(Default)]
+struct Occupancy {
+    waiting: AtomicU64,
+    running: AtomicU64,
+}
+
 struct Shared {
     commands: Mutex<mpsc::Sender<Command>>,
     stats: Arc<Mutex<EngineStats>>,
-    /// Requests submitted but not yet admitted (kept here so `submit` can bound it).
-    waiting: Arc<AtomicU64>,
+    occupancy: Arc<Occupancy>,
     next_id: AtomicU64,
     config: EngineConfig,
     capacity_tokens: usize,
@@ -95,8 +105,8 @@ impl Engine {
         }
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
-        let waiting = Arc::new(AtomicU64::new(0));
-        let sched = scheduler::Scheduler::new(model, eog, &config, rx, stats.clone(), waiting.clone())?;
+        let occupancy = Arc::new(Occupancy::default());
+        let sched = scheduler::Scheduler::new(model, eog, &config, rx, stats.clone(), occupancy.clone())?;
         let capacity_tokens = sched.capacity_tokens();
         let thread = std::thread::Builder::new()
             .name("blink-engine".into())
@@ -106,7 +116,7 @@ impl Engine {
             shared: Arc::new(Shared {
                 commands: Mutex::new(tx),
                 stats,
-                waiting,
+                occupancy,
                 next_id: AtomicU64::new(1),
                 config,
                 capacity_tokens,
@@ -119,7 +129,9 @@ impl Engine {
         &self.shared.config
     }
 
-    /// Queue a request. Fails at once if it can never fit or the queue is full.
+    /// Queue a request. Fails at once if it can never fit, or if `max_queue` requests
+    /// already wait beyond the free sequence slots (a burst on an idle engine is admitted
+    /// whole however short the queue).
     pub fn submit(&self, request: Request) -> Result<Submission, SubmitError> {
         let s = &*self.shared;
         if request.prompt.is_empty() {
@@ -143,10 +155,11 @@ impl Engine {
         if let Err(e) = request.sampling.validate() {
             return Err(SubmitError::Invalid(e));
         }
-        let waiting = s.waiting.fetch_add(1, Ordering::AcqRel) as usize;
-        if waiting >= s.config.max_queue {
-            s.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(SubmitError::QueueFull(waiting));
+        let free_slots = s.config.max_running.saturating_sub(s.occupancy.running.load(Ordering::Acquire) as usize);
+        let ahead = s.occupancy.waiting.fetch_add(1, Ordering::AcqRel) as usize;
+        if ahead >= s.config.max_queue.saturating_add(free_slots) {
+            s.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::QueueFull(ahead - free_slots));
         }
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
         let (events_tx, events_rx) = tmpsc::unbounded_channel();
@@ -156,7 +169,7 @@ impl Engine {
             .unwrap_or_else(|e| e.into_inner())
             .send(Command::Submit { request, events: events_tx });
         if sent.is_err() {
-            s.waiting.fetch_sub(1, Ordering::AcqRel);
+            s.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(SubmitError::Stopped);
         }
         Ok(Submission { id, events: events_rx })

@@ -9,7 +9,6 @@
 //! own) and its pass. `f_ctrl = 1 − pass/wall` is the share the serving stack adds to the
 //! critical path.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -20,7 +19,7 @@ use blink_model::{Model, Scratch, StepRow};
 
 use super::api::{EngineStats, Event, TokenLogprobs};
 use super::control::Control;
-use super::{Command, EngineConfig};
+use super::{Command, EngineConfig, Occupancy};
 use crate::session::FinishReason;
 use crate::EngineError;
 
@@ -41,7 +40,7 @@ impl Scheduler {
         cfg: &EngineConfig,
         commands: Receiver<Command>,
         stats: Arc<Mutex<EngineStats>>,
-        waiting_count: Arc<AtomicU64>,
+        occupancy: Arc<Occupancy>,
     ) -> Result<Scheduler, EngineError> {
         eog.sort_unstable();
         let cfg = EngineConfig { max_running: cfg.max_running.max(1), step_tokens: cfg.step_tokens.max(1), ..cfg.clone() };
@@ -52,7 +51,7 @@ impl Scheduler {
         Ok(Scheduler {
             // The model validated its placement when it was built, so its pool builds.
             pool: model.detached_pool(cfg.n_threads.max(1)).expect("a pool for the model's placement"),
-            ctl: Control::new(cfg, commands, stats, waiting_count, kv.n_blocks()),
+            ctl: Control::new(cfg, commands, stats, occupancy, kv.n_blocks()),
             kv,
             scratch,
             rows: Vec::with_capacity(max_rows),

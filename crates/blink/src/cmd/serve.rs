@@ -52,7 +52,7 @@ pub struct EngineArgs {
     /// Most sequences generating at once (also `-np`).
     #[arg(long = "parallel", default_value_t = 16)]
     pub parallel: usize,
-    /// Most requests waiting for a slot; more are refused with 503.
+    /// Most requests waiting beyond the free --parallel slots; more are refused with 503.
     #[arg(long = "queue", default_value_t = 64)]
     pub queue: usize,
     /// Prompt tokens evaluated per engine step (chunked prefill).
