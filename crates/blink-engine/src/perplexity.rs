@@ -3,7 +3,8 @@
 //! The text's tokens are cut into `n_chunks = n_tokens / ctx` chunks of `ctx` tokens, each
 //! evaluated from an empty cache; only the second half of each chunk is scored (token
 //! `j + 1` from the logits at `j`, for `j` in `ctx/2 .. ctx-1`), and
-//! PPL = exp(mean negative log-likelihood).
+//! PPL = exp(mean negative log-likelihood). For a model that adds BOS, each chunk's first
+//! token is replaced by BOS, as llama.cpp does, so every chunk starts as a text would.
 
 use blink_model::{KvType, Model, Scratch, StepRow};
 
@@ -30,6 +31,26 @@ pub struct PerplexityConfig {
     pub kv_type: KvType,
     /// Evaluate at most this many chunks (`None`: all).
     pub max_chunks: Option<usize>,
+    /// The BOS token, for a model that adds one: it replaces each chunk's first token.
+    pub bos: Option<u32>,
+}
+
+/// How many chunks `perplexity` evaluates for a text of `n_tokens` tokens, or why it cannot.
+pub fn chunk_count(n_tokens: usize, cfg: &PerplexityConfig) -> Result<usize, EngineError> {
+    let ctx = cfg.ctx;
+    if ctx < 4 {
+        return Err(EngineError::BadParams(format!("context size {ctx} is too small for perplexity")));
+    }
+    if n_tokens / 2 < ctx {
+        return Err(EngineError::BadParams(format!(
+            "need at least {} tokens (2 × context) for perplexity, the text has {n_tokens}",
+            ctx.saturating_mul(2)
+        )));
+    }
+    if cfg.max_chunks == Some(0) {
+        return Err(EngineError::BadParams("the number of chunks must be at least 1".into()));
+    }
+    Ok((n_tokens / ctx).min(cfg.max_chunks.unwrap_or(usize::MAX)))
 }
 
 /// Compute the perplexity of `tokens`; `on_chunk` sees the running estimate after each chunk.
@@ -39,21 +60,8 @@ pub fn perplexity(
     cfg: &PerplexityConfig,
     on_chunk: &mut dyn FnMut(usize, f64),
 ) -> Result<Perplexity, EngineError> {
+    let n_chunks = chunk_count(tokens.len(), cfg)?;
     let ctx = cfg.ctx;
-    if ctx < 4 {
-        return Err(EngineError::BadParams(format!("context size {ctx} is too small for perplexity")));
-    }
-    if tokens.len() / 2 < ctx {
-        return Err(EngineError::BadParams(format!(
-            "need at least {} tokens (2 × context) for perplexity, the text has {}",
-            ctx.saturating_mul(2),
-            tokens.len()
-        )));
-    }
-    if cfg.max_chunks == Some(0) {
-        return Err(EngineError::BadParams("the number of chunks must be at least 1".into()));
-    }
-    let n_chunks = (tokens.len() / ctx).min(cfg.max_chunks.unwrap_or(usize::MAX));
     let n_batch = cfg.n_batch.clamp(1, ctx);
     let first = ctx / 2;
     let pool = model.pool(cfg.n_threads).map_err(|e| EngineError::BadParams(e.to_string()))?;
@@ -68,7 +76,10 @@ pub fn perplexity(
         for start in (0..ctx).step_by(n_batch) {
             let end = (start + n_batch).min(ctx);
             rows.clear();
-            rows.extend((start..end).map(|pos| StepRow { token: toks[pos], pos, seq, logits: pos >= first && pos + 1 < ctx }));
+            rows.extend((start..end).map(|pos| {
+                let token = if pos == 0 { cfg.bos.unwrap_or(toks[0]) } else { toks[pos] };
+                StepRow { token, pos, seq, logits: pos >= first && pos + 1 < ctx }
+            }));
             model.forward(&pool, &mut kv, &rows, &mut scratch).map_err(EngineError::Forward)?;
             for (i, pos) in (start..end).filter(|&p| p >= first && p + 1 < ctx).enumerate() {
                 let v = -log_softmax_at(scratch.logits(i), toks[pos + 1] as usize);

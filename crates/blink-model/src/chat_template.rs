@@ -136,6 +136,10 @@ impl ChatTemplate {
         }
     }
 
+    /// What to tell a user whose model has no template, when chatting uses ChatML (as
+    /// llama.cpp's server and `llama-cli -cnv` do).
+    pub const MISSING: &str = "the model has no chat template; using ChatML";
+
     /// The ChatML template ([`CHATML`]).
     pub fn chatml() -> ChatTemplate {
         // CHATML is a fixed, valid template; this cannot fail, but stay panic-free regardless.

@@ -88,7 +88,8 @@ impl ModelOptions {
 pub struct Ready {
     pub engine: Engine,
     pub tokenizer: Tokenizer,
-    pub template: Option<ChatTemplate>,
+    /// The model's template, or ChatML for a model that has none (as llama.cpp's server).
+    pub template: ChatTemplate,
     /// The id `/v1/models` reports: the file name without `.gguf`.
     pub model_id: String,
     /// Other names accepted in the `model` field (the file name, `general.name`).
@@ -114,6 +115,10 @@ impl Ready {
         if let Some(w) = warning {
             eprintln!("blink: warning: {}", with_path(&w));
         }
+        let template = template.unwrap_or_else(|| {
+            eprintln!("blink: warning: {}", with_path(&ChatTemplate::MISSING));
+            ChatTemplate::chatml()
+        });
 
         let ctx = model.cfg.context_for(opts.ctx_size);
         if let Some(w) = model.cfg.context_warning(ctx) {
@@ -163,11 +168,7 @@ impl Ready {
     /// Render `messages` with the chat template and tokenize the result, stripping a leading
     /// BOS text when the tokenizer adds BOS itself (as `blink run` and llama.cpp do).
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
-        let template = self
-            .template
-            .as_ref()
-            .ok_or_else(|| ApiError::invalid("this model has no chat template; use /v1/completions"))?;
-        template.prompt_tokens(&self.tokenizer, messages).map_err(|e| ApiError::param("messages", e.to_string()))
+        self.template.prompt_tokens(&self.tokenizer, messages).map_err(|e| ApiError::param("messages", e.to_string()))
     }
 }
 

@@ -1,6 +1,6 @@
 //! Arguments and loading shared by the subcommands that open a model.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use blink_gguf::GgufFile;
 use blink_model::chat_template::ChatTemplate;
@@ -16,11 +16,14 @@ pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 #[derive(Args, Clone, Debug)]
 pub struct PromptArgs {
     /// The prompt.
-    #[arg(short = 'p', long = "prompt", allow_hyphen_values = true, required_unless_present = "file", conflicts_with = "file")]
+    #[arg(short = 'p', long = "prompt", allow_hyphen_values = true, required_unless_present_any = ["file", "stdin"], conflicts_with_all = ["file", "stdin"])]
     prompt: Option<String>,
     /// Read the prompt from this file (`-`: standard input); one final newline is dropped.
-    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    #[arg(short = 'f', long = "file", value_name = "FILE", conflicts_with = "stdin")]
     file: Option<PathBuf>,
+    /// Read the prompt from standard input (as `-f -`; llama-tokenize's spelling).
+    #[arg(long = "stdin")]
+    stdin: bool,
     /// Take the prompt's backslash escapes literally (by default \n, \r, \t, \', \", \\
     /// and \xNN are turned into the characters they stand for, as llama.cpp's tools do).
     #[arg(long = "no-escape", conflicts_with = "escape")]
@@ -33,33 +36,44 @@ pub struct PromptArgs {
 impl PromptArgs {
     /// The prompt's text, its escapes processed unless `--no-escape`.
     pub fn text(&self) -> CliResult<String> {
-        let text = self.raw_text()?;
+        self.unescape("the prompt", self.raw_text()?)
+    }
+
+    /// `text` (named `what` in errors) with its escapes processed unless `--no-escape`, as
+    /// llama.cpp treats its prompt and its reverse prompts.
+    pub fn unescape(&self, what: &str, text: String) -> CliResult<String> {
         if self.no_escape {
             return Ok(text);
         }
         let bytes = process_escapes(&text);
         String::from_utf8(bytes).map_err(|e| {
-            format!("the prompt is not UTF-8 once its escapes are processed (invalid byte at offset {}; --no-escape takes them literally)", e.utf8_error().valid_up_to()).into()
+            format!("{what} is not UTF-8 once its escapes are processed (invalid byte at offset {}; --no-escape takes them literally)", e.utf8_error().valid_up_to()).into()
         })
     }
 
     fn raw_text(&self) -> CliResult<String> {
-        let Some(path) = &self.file else {
-            return Ok(self.prompt.clone().unwrap_or_default());
+        let path = match (&self.file, self.stdin) {
+            (Some(path), _) => path.as_path(),
+            (None, true) => Path::new("-"),
+            (None, false) => return Ok(self.prompt.clone().unwrap_or_default()),
         };
-        let bytes = if path.as_os_str() == "-" {
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map_err(|e| format!("cannot read the prompt from standard input: {e}"))?;
-            bytes
-        } else {
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        };
+        let bytes = read_input(path)?;
         let mut text = String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 text (invalid byte at offset {})", path.display(), e.utf8_error().valid_up_to()))?;
         if text.ends_with('\n') {
             text.pop();
         }
         Ok(text)
     }
+}
+
+/// The bytes of the file at `path`, or of standard input for `-`.
+pub fn read_input(path: &Path) -> CliResult<Vec<u8>> {
+    if path.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).map_err(|e| format!("cannot read standard input: {e}"))?;
+        return Ok(bytes);
+    }
+    Ok(std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?)
 }
 
 /// `text` with llama.cpp's escapes turned into bytes: `\n`, `\r`, `\t`, `\'`, `\"`,

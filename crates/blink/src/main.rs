@@ -4,6 +4,24 @@
 //! under `cmd/`; this file only parses arguments and turns errors into one line and a
 //! non-zero exit code.
 
+/// `println!` that hands back a failed write (stdout on a full disk) as an error, for `?`,
+/// instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*).map_err(|e| format!("cannot write the output: {e}"))
+    }};
+}
+
+/// Shadows std's `eprintln!` in this crate: a diagnostic that cannot be written (stderr on
+/// a full disk) is lost, rather than ending the run in a panic.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod cmd;
 mod common;
 
@@ -42,7 +60,7 @@ enum Command {
 /// `-ngl N` is dropped with a note, as llama.cpp's CPU builds do. A value given to a text
 /// option (`-p -sys`) is left alone.
 fn llama_cpp_spellings(args: Vec<std::ffi::OsString>, serving: bool) -> Vec<std::ffi::OsString> {
-    const TEXT_OPTIONS: [&str; 8] = ["-p", "--prompt", "--system", "--system-prompt", "--stop", "-f", "--file", "-m"];
+    const TEXT_OPTIONS: [&str; 10] = ["-p", "--prompt", "--system", "--system-prompt", "--stop", "-r", "--reverse-prompt", "-f", "--file", "-m"];
     let mut out = Vec::with_capacity(args.len());
     let mut it = args.into_iter().peekable();
     while let Some(a) = it.next() {

@@ -305,6 +305,26 @@ fn a_reader_that_goes_away_ends_the_command_quietly() {
 }
 
 #[test]
+fn a_full_disk_under_stdout_or_stderr_is_an_error_not_a_panic() {
+    use std::process::{Command, Stdio};
+    let model = model_path();
+    let model = model.to_str().unwrap();
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let commands = [vec!["info", "-m", model], vec!["tokenize", "-m", model, "-p", "hi"], vec!["bench", "-m", model, "-t", "1", "-p", "8", "-n", "0", "-r", "1"]];
+    for args in &commands {
+        let out = Command::new(env!("CARGO_BIN_EXE_blink")).args(args).stdout(full()).stderr(Stdio::piped()).output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.trim(), "error: cannot write the output: No space left on device (os error 28)", "{args:?}");
+    }
+    // Diagnostics that cannot be written are lost; the run goes on.
+    let args = ["run", "-m", model, "-p", "hi", "-n", "2", "--temp", "0"];
+    let out = Command::new(env!("CARGO_BIN_EXE_blink")).args(args).stdout(Stdio::piped()).stderr(full()).output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(!stdout(&out).is_empty());
+}
+
+#[test]
 fn the_first_use_fetch_keeps_pips_output_off_stdout() {
     use std::os::unix::fs::PermissionsExt;
     // A stand-in `python3` that talks on stdout, then fails as pip would offline.

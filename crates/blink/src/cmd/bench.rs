@@ -86,22 +86,22 @@ pub fn main(args: Args) -> CliResult {
     let order = blink_kernels::order::active();
     let file_type = crate::cmd::info::file_type_of(model);
     if !args.json {
-        println!(
+        outln!(
             "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, {order} dot order, {}, {} repetitions",
             model.cfg.name,
             model.file().file_size() as f64 / 1048576.0,
             numa_label(model),
             args.reps.max(1)
-        );
-        println!("| test | threads | batch | tok/s |");
-        println!("| --- | ---: | ---: | ---: |");
+        )?;
+        outln!("| test | threads | batch | tok/s |")?;
+        outln!("| --- | ---: | ---: | ---: |")?;
     }
     let mut rows = Vec::new();
-    let mut emit = |test: String, depth: usize, threads: usize, batch: usize, samples: Vec<f64>| {
+    let mut emit = |test: String, depth: usize, threads: usize, batch: usize, samples: Vec<f64>| -> CliResult {
         let (mean, sd) = mean_sd(&samples);
         if !args.json {
             let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
-            println!("| {test}{at} | {threads} | {batch} | {mean:.2} ± {sd:.2} |");
+            outln!("| {test}{at} | {threads} | {batch} | {mean:.2} ± {sd:.2} |")?;
         }
         rows.push(Row {
             model: model.cfg.name.clone(),
@@ -116,6 +116,7 @@ pub fn main(args: Args) -> CliResult {
             tok_s_stddev: sd,
             samples,
         });
+        Ok(())
     };
     let mut placed = Vec::new();
     for &t in &threads {
@@ -132,22 +133,22 @@ pub fn main(args: Args) -> CliResult {
             for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
                 let mut at = Depth::fill(model, &pool, 1, d, p, p, args.cache_type)?;
                 let samples = repeat(args.reps, || prompt_speed(model, &pool, &mut at, p))?;
-                emit(format!("pp{p}"), d, t, 1, samples);
+                emit(format!("pp{p}"), d, t, 1, samples)?;
             }
             for &n in args.n_gen.iter().filter(|&&n| n > 0) {
                 for &b in args.batch.iter().filter(|&&b| b > 0) {
                     let mut at = Depth::fill(model, &pool, b, d, n.saturating_add(1), b, args.cache_type)?;
                     let samples = repeat(args.reps, || gen_speed(model, &pool, &mut at, n))?;
-                    emit(format!("tg{n}"), d, t, b, samples);
+                    emit(format!("tg{n}"), d, t, b, samples)?;
                 }
             }
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?)?;
     }
     if args.bandwidth {
-        report_bandwidth(model, &threads, &rows, args.json);
+        report_bandwidth(model, &threads, &rows, args.json)?;
     }
     for (t, lines) in placed {
         for line in lines {
@@ -155,7 +156,7 @@ pub fn main(args: Args) -> CliResult {
             if args.json {
                 eprintln!("{line}");
             } else {
-                println!("{line}");
+                outln!("{line}")?;
             }
         }
     }
@@ -298,7 +299,7 @@ fn gen_speed(model: &Model, pool: &NodePool, at: &mut Depth, n: usize) -> CliRes
 }
 
 /// Measure bandwidth per thread count and relate each decode result to its bound.
-fn report_bandwidth(model: &Model, threads: &[usize], rows: &[Row], json: bool) {
+fn report_bandwidth(model: &Model, threads: &[usize], rows: &[Row], json: bool) -> CliResult {
     let bytes = model.bytes_per_token() as f64;
     for &t in threads {
         let gbs = blink_kernels::bandwidth::triad_gbs(t);
@@ -310,15 +311,16 @@ fn report_bandwidth(model: &Model, threads: &[usize], rows: &[Row], json: bool) 
         if json {
             eprintln!("{out}");
         } else {
-            println!("{out}");
+            outln!("{out}")?;
         }
         for r in rows.iter().filter(|r| r.threads == t && r.batch == 1 && r.test.starts_with("tg")) {
             let line = format!("  {} at {t} thread(s): {:.0} tok/s = {:.0}% of the bound", r.test, r.tok_s, 100.0 * r.tok_s / bound);
             if json {
                 eprintln!("{line}");
             } else {
-                println!("{line}");
+                outln!("{line}")?;
             }
         }
     }
+    Ok(())
 }

@@ -98,11 +98,11 @@ async fn run(args: Args) -> CliResult {
     for prompt in PROMPTS {
         one(&client, prompt, 1).await?;
     }
-    println!(
+    outln!(
         "| {:>11} | {:>8} | {:>7} | {:>10} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} |",
         "concurrency", "requests", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "f_ctrl"
-    );
-    println!("|{:-<13}|{:->10}|{:->9}|{:->12}|{:->11}|{:->11}|{:->11}|{:->11}|{:->8}|", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+    )?;
+    outln!("|{:-<13}|{:->10}|{:->9}|{:->12}|{:->11}|{:->11}|{:->11}|{:->11}|{:->8}|", ":", ":", ":", ":", ":", ":", ":", ":", ":")?;
     for &c in &args.concurrency {
         let n = args.requests.unwrap_or((4 * c).max(8));
         let before = engine_seconds(&client).await;
@@ -117,7 +117,7 @@ async fn run(args: Args) -> CliResult {
         let tokens: usize = samples.iter().map(|s| s.tokens).sum();
         let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft).collect();
         let mut tpot: Vec<f64> = samples.iter().filter_map(|s| s.tpot).collect();
-        println!(
+        outln!(
             "| {:>11} | {:>8} | {:>7.2} | {:>10.1} | {:>9} | {:>9} | {:>9} | {:>9} | {:>6} |",
             c,
             n,
@@ -128,7 +128,7 @@ async fn run(args: Args) -> CliResult {
             ms(percentile(&mut tpot, 0.50)),
             ms(percentile(&mut tpot, 0.99)),
             f_ctrl
-        );
+        )?;
     }
     if let Some(server) = server {
         server.shutdown().await;

@@ -6,7 +6,7 @@
 use std::io::{BufRead, Write};
 
 use blink_engine::{GenerateParams, Session, SessionConfig};
-use blink_model::chat_template::ChatMessage;
+use blink_model::chat_template::{ChatMessage, ChatTemplate};
 
 use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
 
@@ -30,9 +30,10 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> CliResult {
-    let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
+    let mut loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
     if loaded.template.is_none() {
-        return Err("this model has no chat template; use `blink run --raw` instead".into());
+        eprintln!("blink: warning: {}", ChatTemplate::MISSING);
+        loaded.template = Some(ChatTemplate::chatml());
     }
     let cfg = SessionConfig {
         n_ctx: args.compute.ctx(&loaded.model),

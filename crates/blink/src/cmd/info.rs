@@ -66,19 +66,19 @@ pub fn main(args: Args) -> CliResult {
     let types: Vec<String> = types.iter().map(|(k, (n, b))| format!("{k} ×{n} ({:.1} MiB)", *b as f64 / 1048576.0)).collect();
     let file_type = file.opt_u32("general.file_type")?;
 
-    println!("file:            {} ({:.1} MiB, GGUF v{})", path.display(), file.file_size() as f64 / 1048576.0, file.version());
-    println!("name:            {}", cfg.name);
-    println!("architecture:    {}", cfg.arch.name());
+    outln!("file:            {} ({:.1} MiB, GGUF v{})", path.display(), file.file_size() as f64 / 1048576.0, file.version())?;
+    outln!("name:            {}", cfg.name)?;
+    outln!("architecture:    {}", cfg.arch.name())?;
     if let Some(ft) = file_type {
-        println!("file type:       {} ({ft})", file_type_name(ft));
+        outln!("file type:       {} ({ft})", file_type_name(ft))?;
     }
-    println!("parameters:      {:.1} M", params as f64 / 1e6);
-    println!("layers:          {}", cfg.n_layers);
-    println!("embedding:       {}", cfg.n_embd);
-    println!("feed-forward:    {}", cfg.n_ff);
-    println!("heads:           {} query, {} key/value, size {}", cfg.n_head, cfg.n_head_kv, cfg.head_dim);
-    println!("context (train): {}", cfg.n_ctx_train);
-    println!(
+    outln!("parameters:      {:.1} M", params as f64 / 1e6)?;
+    outln!("layers:          {}", cfg.n_layers)?;
+    outln!("embedding:       {}", cfg.n_embd)?;
+    outln!("feed-forward:    {}", cfg.n_ff)?;
+    outln!("heads:           {} query, {} key/value, size {}", cfg.n_head, cfg.n_head_kv, cfg.head_dim)?;
+    outln!("context (train): {}", cfg.n_ctx_train)?;
+    outln!(
         "rope:            {} order, {} dims, base {}, scaling {}",
         match cfg.rope.order {
             RopeOrder::Normal => "normal",
@@ -91,11 +91,11 @@ pub fn main(args: Args) -> CliResult {
             RopeScaling::Linear { factor } => format!("linear ×{factor}"),
             RopeScaling::Yarn { factor, original_ctx, .. } => format!("yarn ×{factor} (trained at {original_ctx})"),
         }
-    );
-    println!("rms norm eps:    {:e}", cfg.norm_eps);
-    println!("tied output:     {}", file.tensor("output.weight").is_none());
-    println!("tensors:         {} — {}", file.tensors().len(), types.join(", "));
-    println!(
+    )?;
+    outln!("rms norm eps:    {:e}", cfg.norm_eps)?;
+    outln!("tied output:     {}", file.tensor("output.weight").is_none())?;
+    outln!("tensors:         {} — {}", file.tensors().len(), types.join(", "))?;
+    outln!(
         "tokenizer:       {} ({}), {} tokens, bos {}, eos {}, add_bos {}, add_eos {}",
         tok.model_kind(),
         tok.pre().map_or_else(|| "no pre-tokenizer".to_string(), |p| format!("pre-tokenizer {p}")),
@@ -104,19 +104,19 @@ pub fn main(args: Args) -> CliResult {
         id_or_none(tok.eos()),
         tok.add_bos(),
         tok.add_eos()
-    );
-    println!("chat template:   {}", if loaded.template.is_some() { "yes" } else { "none" });
-    println!("kernel path:     {} (best on this CPU: {})", blink_kernels::cpu::active(), blink_kernels::cpu::Isa::best());
-    println!("dot order:       {}", blink_kernels::order::active());
+    )?;
+    outln!("chat template:   {}", if loaded.template.is_some() { "yes" } else { "none (chat uses ChatML, run completes the prompt as is)" })?;
+    outln!("kernel path:     {} (best on this CPU: {})", blink_kernels::cpu::active(), blink_kernels::cpu::Isa::best())?;
+    outln!("dot order:       {}", blink_kernels::order::active())?;
     let topology = blink_kernels::numa::Topology::detect();
-    println!("numa topology:   {} node(s)", topology.n_nodes());
+    outln!("numa topology:   {} node(s)", topology.n_nodes())?;
     for line in topology.to_string().lines() {
-        println!("  {line}");
+        outln!("  {line}")?;
     }
     if args.metadata {
-        println!("metadata:");
+        outln!("metadata:")?;
         for (k, v) in file.metadata() {
-            println!("  {k} = {v}");
+            outln!("  {k} = {v}")?;
         }
     }
     Ok(())

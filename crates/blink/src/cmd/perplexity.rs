@@ -2,16 +2,16 @@
 
 use std::io::Write;
 
-use blink_engine::perplexity::{perplexity, PerplexityConfig};
+use blink_engine::perplexity::{chunk_count, perplexity, PerplexityConfig};
 
-use crate::common::{CliResult, ComputeArgs, Loaded, ModelArgs};
+use crate::common::{read_input, CliResult, ComputeArgs, Loaded, ModelArgs};
 
 #[derive(clap::Args)]
 #[command(mut_arg("ctx_size", |a| a.help("Context size in tokens of each chunk (default: 512, as llama.cpp's perplexity)")))]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Text file to evaluate.
+    /// Text file to evaluate (`-`: standard input).
     #[arg(short = 'f', long = "file")]
     file: std::path::PathBuf,
     /// Evaluate at most this many chunks (at least 1).
@@ -22,19 +22,23 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> CliResult {
-    let text = std::fs::read(&args.file).map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
+    let text = read_input(&args.file)?;
     let text = String::from_utf8_lossy(&text);
     let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
     let tokens = loaded.tokenizer.encode(&text, true, false);
     let ctx = args.compute.ctx_size.filter(|&c| c > 0).unwrap_or(512);
+    if let Some(w) = loaded.model.cfg.context_warning(ctx) {
+        eprintln!("blink: warning: {w}");
+    }
     let cfg = PerplexityConfig {
         ctx,
         n_batch: args.compute.batch_size.min(ctx),
         n_threads: args.compute.threads()?,
         kv_type: args.compute.cache_type,
         max_chunks: args.chunks.map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
+        bos: loaded.tokenizer.add_bos().then(|| loaded.tokenizer.bos()).flatten(),
     };
-    let chunks = (tokens.len() / ctx).min(cfg.max_chunks.unwrap_or(usize::MAX));
+    let chunks = chunk_count(tokens.len(), &cfg)?;
     eprintln!("blink: {} tokens, {chunks} chunks of {ctx}", tokens.len());
     let started = std::time::Instant::now();
     let mut err = std::io::stderr();
@@ -44,6 +48,6 @@ pub fn main(args: Args) -> CliResult {
     })?;
     eprintln!();
     eprintln!("blink: {} tokens scored in {:.2} s", result.scored_tokens, started.elapsed().as_secs_f64());
-    println!("Final estimate: PPL = {:.4} +/- {:.5}", result.ppl, result.stderr);
+    outln!("Final estimate: PPL = {:.4} +/- {:.5}", result.ppl, result.stderr)?;
     Ok(())
 }

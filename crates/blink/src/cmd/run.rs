@@ -13,8 +13,8 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     prompt: PromptArgs,
-    /// Use the prompt as is, without the chat template; special tokens written in it
-    /// (such as <|im_start|>) are parsed as tokens.
+    /// Use the prompt as is, without the chat template (the default for a model that has
+    /// none); special tokens written in it (such as <|im_start|>) are parsed as tokens.
     #[arg(long)]
     raw: bool,
     /// System message (chat-template mode only).
@@ -23,8 +23,9 @@ pub struct Args {
     /// Most tokens to generate (-1 or -2: until the end of generation or a full context).
     #[arg(short = 'n', long = "max-tokens", alias = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     max_tokens: i64,
-    /// Stop before this text (repeatable).
-    #[arg(long = "stop", allow_hyphen_values = true)]
+    /// Stop before this text (repeatable; escapes processed as in the prompt; also
+    /// llama.cpp's `-r`/`--reverse-prompt`).
+    #[arg(short = 'r', long = "stop", alias = "reverse-prompt", allow_hyphen_values = true)]
     stop: Vec<String>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long = "ignore-eos")]
@@ -38,7 +39,12 @@ pub struct Args {
 pub fn main(args: Args) -> CliResult {
     let text = args.prompt.text()?;
     let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
-    let prompt = if args.raw {
+    // As llama-cli: a model without a chat template (a base model) completes the prompt.
+    let raw = args.raw || loaded.template.is_none();
+    if raw && !args.raw {
+        eprintln!("blink: the model has no chat template: completing the prompt as is (as --raw)");
+    }
+    let prompt = if raw {
         loaded.tokenizer.encode(&text, true, true)
     } else {
         let mut messages = Vec::new();
@@ -58,7 +64,7 @@ pub fn main(args: Args) -> CliResult {
     let params = GenerateParams {
         max_tokens: crate::common::max_tokens(args.max_tokens)?,
         sampling: args.sampling.params(cfg.n_ctx)?,
-        stop: args.stop.clone(),
+        stop: args.stop.iter().map(|s| args.prompt.unescape("a stop text", s.clone())).collect::<CliResult<_>>()?,
         ignore_eos: args.ignore_eos,
     };
     let stdout = std::io::stdout();

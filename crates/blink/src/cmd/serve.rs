@@ -137,7 +137,7 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
         blink_kernels::order::active()
     );
     server.set_ready(ready);
-    println!("{url}");
+    outln!("{url}")?;
     let _ = std::io::stdout().flush();
     shutdown_signal().await;
     eprintln!("blink: shutting down; in-flight requests get 10 s to finish (Ctrl-C again to stop now)");

@@ -16,6 +16,15 @@ pub struct Args {
     /// Treat special-token texts such as <|im_start|> as plain text.
     #[arg(long = "no-parse-special")]
     no_parse_special: bool,
+    /// Also print `Total number of tokens: N`, as llama-tokenize does.
+    #[arg(long = "show-count")]
+    show_count: bool,
+    /// Accepted for llama-tokenize's habits: ids are what this prints anyway.
+    #[arg(long = "ids")]
+    ids: bool,
+    /// Accepted for llama-tokenize's habits: this prints no log.
+    #[arg(long = "log-disable")]
+    log_disable: bool,
 }
 
 pub fn main(args: Args) -> CliResult {
@@ -26,6 +35,9 @@ pub fn main(args: Args) -> CliResult {
     // As llama-tokenize: the model's BOS and EOS are added together, only when it asks for
     // BOS and `--no-bos` is not given.
     let ids = tok.encode(&text, tok.add_bos() && !args.no_bos, !args.no_parse_special);
-    println!("{}", serde_json::to_string(&ids)?);
+    outln!("{}", serde_json::to_string(&ids)?)?;
+    if args.show_count {
+        outln!("Total number of tokens: {}", ids.len())?;
+    }
     Ok(())
 }
