@@ -89,6 +89,19 @@ def streaming_chat_matches_whole(client):
 
 
 @check
+def a_final_assistant_message_is_continued(client):
+    # As llama.cpp's server: the reply goes on from the assistant's text, it does not answer it.
+    question = {"role": "user", "content": "What is the capital of France?"}
+    whole = client.chat.completions.create(model="", messages=[question], max_tokens=16, temperature=0)
+    text = whole.choices[0].message.content
+    head = text[:text.index(" ", len(text) // 3)]
+    rest = client.chat.completions.create(model="", messages=[question, {"role": "assistant", "content": head}],
+                                          max_tokens=16, temperature=0).choices[0].message.content
+    assert text.startswith(head + rest[:len(text) - len(head)]), (text, head, rest)
+    assert not rest.startswith(head), (head, rest)
+
+
+@check
 def completion_with_stop(client):
     prompt = "The capital of France is"
     free = client.completions.create(model="", prompt=prompt, max_tokens=32, temperature=0)
@@ -159,6 +172,9 @@ def seed_reproducibility(client):
     assert a == b, (a, b)
     others = [chat(client, q, seed=s, **kw).choices[0].message.content for s in (1, 2, 3)]
     assert any(o != a for o in others), (a, others)
+    # -1 is llama.cpp's "random seed": a fresh draw each time.
+    fresh = [chat(client, q, seed=-1, **kw).choices[0].message.content for _ in range(3)]
+    assert len(set(fresh)) > 1, fresh
 
 
 @check

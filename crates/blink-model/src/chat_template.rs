@@ -177,8 +177,20 @@ impl ChatTemplate {
     /// The prompt for a reply to `messages`: rendered with the generation prompt and
     /// tokenized as llama.cpp's server does (special tokens parsed, BOS added as the
     /// tokenizer asks; `render` already dropped a BOS text the template wrote itself).
+    ///
+    /// A final assistant message is continued, as llama.cpp's server prefills it: the
+    /// messages before it are rendered with the generation prompt, and its text follows.
     pub fn prompt_tokens(&self, tok: &crate::tokenizer::Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>, TemplateError> {
-        Ok(tok.encode(&self.render(messages, true)?, true, true))
+        let text = match messages.split_last() {
+            Some((last, before)) if last.role == "assistant" => {
+                if before.last().is_some_and(|m| m.role == "assistant") {
+                    return Err(TemplateError::Render("two assistant messages end the conversation: only the last one can be continued".into()));
+                }
+                self.render(before, true)? + &last.content
+            }
+            _ => self.render(messages, true)?,
+        };
+        Ok(tok.encode(&text, true, true))
     }
 
     /// Renders `messages`; `add_generation_prompt` appends the opening of the assistant's turn.

@@ -222,3 +222,20 @@ fn backslash_newlines_in_string_literals_continue_the_line() {
     // An escaped backslash before a newline is a backslash and a newline.
     assert_eq!(render("{{ 'a\\\\\nb' }}"), "a\\\nb");
 }
+
+/// A final assistant message is continued (llama.cpp's server prefills it): the turns before
+/// it with the generation prompt, then its text, with no end of turn.
+#[test]
+fn a_final_assistant_message_is_continued() {
+    let file = GgufFile::open(model_path()).expect("default model");
+    let tmpl = ChatTemplate::from_gguf(&file).unwrap().unwrap();
+    let tok = blink_model::tokenizer::Tokenizer::from_gguf(&file).unwrap();
+    let question = [msg("user", "What is the capital of France?")];
+    let prefix = "The capital of France is";
+    let continued = tmpl.prompt_tokens(&tok, &[question[0].clone(), msg("assistant", prefix)]).unwrap();
+    let want = format!("{}{prefix}", tmpl.render(&question, true).unwrap());
+    assert_eq!(continued, tok.encode(&want, true, true));
+    assert!(tok.decode(&continued, true).ends_with("<|im_start|>assistant\nThe capital of France is"));
+    let twice = [question[0].clone(), msg("assistant", "Paris."), msg("assistant", prefix)];
+    assert!(matches!(tmpl.prompt_tokens(&tok, &twice), Err(TemplateError::Render(_))));
+}

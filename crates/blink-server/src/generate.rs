@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use blink_engine::serve::{Event, Request, Submission, Usage};
 use blink_engine::stop::{StopMatcher, StopScan};
-use blink_engine::FinishReason;
+use blink_engine::{FinishReason, SamplingParams};
 use blink_model::StreamDecoder;
 
 use crate::error::ApiError;
@@ -103,7 +103,7 @@ impl Generation {
         let req = Request {
             prompt,
             max_tokens,
-            sampling: common.sampling.clone(),
+            sampling: SamplingParams { repeat_last_n: common.sampling.repeat_last_n.min(limit), ..common.sampling.clone() },
             logprobs: common.logprobs,
             ignore_eos: common.ignore_eos,
         };

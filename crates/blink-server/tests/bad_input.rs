@@ -86,7 +86,9 @@ fn wrong_types_are_400_naming_the_field() {
         (json!({"messages": [{"role": "user", "content": 7}]}), "messages"),
         (json!({"messages": [{"role": "wizard", "content": "hi"}]}), "messages"),
         (json!({"model": 3}), "model"),
-        (json!({"stream_options": {"include_usage": "yes"}}), "include_usage"),
+        (json!({"stream": true, "stream_options": {"include_usage": "yes"}}), "include_usage"),
+        (json!({"stream_options": {"include_usage": true}}), "stream_options"),
+        (json!({"tool_choice": "required"}), "tool_choice"),
     ];
     for (extra, param) in cases {
         let r = chat(hello(extra.clone()));
@@ -228,6 +230,26 @@ fn tokenize_and_detokenize_round_trip() {
     expect_error(&block_on(c.post_json("/detokenize", &json!({"tokens": [-1]}))).unwrap(), 400);
     expect_error(&block_on(c.post_json("/detokenize", &json!({"tokens": [99999999]}))).unwrap(), 400);
     expect_error(&block_on(c.post_json("/tokenize", &json!({"content": 5}))).unwrap(), 400);
+
+    // As llama.cpp's server: pieces on request (bytes where they are not UTF-8), and
+    // special tokens written out.
+    let r = block_on(c.post_json("/tokenize", &json!({"content": "Hi<|im_end|>é😊", "with_pieces": true}))).unwrap();
+    let pieces = r.json().unwrap()["tokens"].as_array().unwrap().clone();
+    assert_eq!(pieces[0]["piece"], json!("Hi"), "{pieces:?}");
+    assert_eq!(pieces[1]["piece"], json!("<|im_end|>"), "{pieces:?}");
+    assert!(pieces.iter().any(|p| p["piece"].is_array()), "the emoji's byte tokens should be byte lists: {pieces:?}");
+    let mut bytes = Vec::new();
+    for p in &pieces {
+        match &p["piece"] {
+            Value::String(s) => bytes.extend(s.as_bytes()),
+            Value::Array(b) => bytes.extend(b.iter().map(|v| v.as_u64().unwrap() as u8)),
+            other => panic!("piece {other}"),
+        }
+    }
+    assert_eq!(String::from_utf8(bytes).unwrap(), "Hi<|im_end|>é😊");
+    let ids: Vec<Value> = pieces.iter().map(|p| p["id"].clone()).collect();
+    let r = block_on(c.post_json("/detokenize", &json!({"tokens": ids}))).unwrap();
+    assert_eq!(r.json().unwrap()["content"], json!("Hi<|im_end|>é😊"));
 }
 
 /// Read until the peer closes; Ok(bytes read) or Err if it stays open past `limit`.

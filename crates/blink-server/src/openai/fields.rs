@@ -76,10 +76,12 @@ impl<'a> Fields<'a> {
     }
 
     /// A seed: an integer of 64 bits, signed or not (negative ones are taken modulo 2^64),
-    /// also written as a whole float (`1.0`), as `int` takes them.
+    /// also written as a whole float (`1.0`), as `int` takes them. -1 is llama.cpp's
+    /// "random": `None`, as when absent.
     pub fn seed(&self, name: &'static str) -> Result<Option<u64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
+            Some(Value::Number(n)) if n.as_f64() == Some(-1.0) => Ok(None),
             Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
             Some(Value::Number(n)) if n.as_i64().is_some() => Ok(n.as_i64().map(|i| i as u64)),
             Some(Value::Number(n)) => match n.as_f64() {

@@ -62,6 +62,12 @@ pub fn parse_chat(body: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
     let mut common = parse_common(&f)?;
     f.unsupported("tools", "tools are")?;
     f.unsupported("functions", "functions are")?;
+    // Without tools, only the choices that call none mean anything (OpenAI refuses the rest).
+    match f.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(c)) if c == "none" || c == "auto" => {}
+        Some(_) => return Err(ApiError::param("tool_choice", "tool_choice needs tools, which this server does not support")),
+    }
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
     let top = f.int("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
     if top.is_some() && !logprobs {
@@ -110,11 +116,14 @@ fn parse_common(f: &Fields) -> Result<Common, ApiError> {
     let d = SamplingParams::default();
     let sampling = SamplingParams {
         temperature: f.num("temperature", 0.0, 2.0)?.unwrap_or(d.temperature),
-        top_k: f.int("top_k", 0, i64::from(u32::MAX))?.map_or(d.top_k, |k| k as usize),
+        // As llama.cpp and vLLM: a top-k of 0 or less (vLLM's -1) is off.
+        top_k: f.int("top_k", i64::MIN, i64::from(u32::MAX))?.map_or(d.top_k, |k| k.max(0) as usize),
         top_p: f.num("top_p", 0.0, 1.0)?.unwrap_or(d.top_p),
         min_p: f.num("min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
         repeat_penalty: f.num("repeat_penalty", 1e-3, 100.0)?.unwrap_or(d.repeat_penalty),
-        repeat_last_n: f.int("repeat_last_n", 0, blink_engine::MAX_REPEAT_LAST_N as i64)?.map_or(d.repeat_last_n, |n| n as usize),
+        // -1 is llama.cpp's whole context; the window is capped at the context on submission.
+        repeat_last_n: f.int("repeat_last_n", -1, blink_engine::MAX_REPEAT_LAST_N as i64)?
+            .map_or(d.repeat_last_n, |n| usize::try_from(n).unwrap_or(blink_engine::MAX_REPEAT_LAST_N)),
         frequency_penalty: f.num("frequency_penalty", -2.0, 2.0)?.unwrap_or(d.frequency_penalty),
         presence_penalty: f.num("presence_penalty", -2.0, 2.0)?.unwrap_or(d.presence_penalty),
         seed: f.seed("seed")?,
@@ -124,6 +133,7 @@ fn parse_common(f: &Fields) -> Result<Common, ApiError> {
     let stop = parse_stop(f.get("stop"))?;
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
+        Some(_) if !stream => return Err(ApiError::param("stream_options", "stream_options is only allowed when stream is true")),
         Some(o) => o.bool("include_usage")?.unwrap_or(false),
         None => false,
     };
@@ -294,7 +304,8 @@ mod tests {
         }))
         .unwrap();
         let c = &r.common;
-        assert_eq!((c.sampling.temperature, c.sampling.top_k, c.sampling.seed), (0.0, 5, Some(u64::MAX)));
+        // -1 is llama.cpp's random seed.
+        assert_eq!((c.sampling.temperature, c.sampling.top_k, c.sampling.seed), (0.0, 5, None));
         assert_eq!((c.max_tokens, c.logprobs, c.stop.clone()), (Some(7), Some(3), vec!["x".to_string()]));
         assert_eq!(c.max_tokens_field, "max_completion_tokens");
         assert!(c.stream && c.include_usage);
@@ -309,6 +320,25 @@ mod tests {
         let big: Value = serde_json::from_str("18446744073709551616").unwrap();
         assert!(seed(big).unwrap_err().message.contains("must fit in 64 bits"));
         assert!(seed(json!(1.5)).unwrap_err().message.contains("must be an integer"));
+        assert_eq!(seed(json!(-1)).unwrap(), None);
+        assert_eq!(seed(json!(-1.0)).unwrap(), None);
+    }
+
+    #[test]
+    fn llama_cpp_and_vllm_off_values_are_taken() {
+        let sampling = |extra: Value| {
+            let mut body = json!({"messages": msgs()});
+            body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            chat(body).map(|r| r.common.sampling)
+        };
+        assert_eq!(sampling(json!({"top_k": -1})).unwrap().top_k, 0);
+        assert_eq!(sampling(json!({"repeat_last_n": -1})).unwrap().repeat_last_n, blink_engine::MAX_REPEAT_LAST_N);
+        assert!(sampling(json!({"repeat_last_n": -2})).is_err());
+        // What this server cannot do is refused, not ignored.
+        assert_eq!(sampling(json!({"tool_choice": "required"})).unwrap_err().param, Some("tool_choice"));
+        assert_eq!(sampling(json!({"tool_choice": {"type": "function", "function": {"name": "f"}}})).unwrap_err().param, Some("tool_choice"));
+        assert!(sampling(json!({"tool_choice": "auto"})).is_ok() && sampling(json!({"tool_choice": "none"})).is_ok());
+        assert_eq!(sampling(json!({"stream_options": {"include_usage": true}})).unwrap_err().param, Some("stream_options"));
     }
 
     #[test]
@@ -335,7 +365,7 @@ mod tests {
     fn bad_values_name_their_parameter() {
         for (field, v) in [
             ("temperature", json!(3)),
-            ("top_k", json!(-1)),
+            ("top_k", json!(1u64 << 32)),
             ("max_tokens", json!(0)),
             ("max_tokens", json!(2.5)),
             ("n", json!(3)),

@@ -59,7 +59,9 @@ pub async fn model(State(app): State<App>, Path(id): Path<String>) -> Result<Res
     Ok(json_response(&model_entry(&ready)).into_response())
 }
 
-/// `{"content": TEXT, "add_special": bool, "parse_special": bool}` → `{"tokens": [...]}`.
+/// `{"content": TEXT, "add_special": bool, "parse_special": bool, "with_pieces": bool}` →
+/// `{"tokens": [...]}`: ids, or with `with_pieces` (as llama.cpp's server) objects
+/// `{"id", "piece"}` whose piece is its text, or its bytes when they are not UTF-8.
 pub async fn tokenize(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
     let ready = app.ready()?;
     let map = read_json(body, app.opts.max_body, app.opts.body_timeout).await?;
@@ -67,11 +69,27 @@ pub async fn tokenize(State(app): State<App>, body: Body) -> Result<Response, Ap
     let content = f.str("content")?.ok_or_else(|| ApiError::param("content", "content is required"))?;
     let add_special = f.bool("add_special")?.unwrap_or(false);
     let parse_special = f.bool("parse_special")?.unwrap_or(true);
+    let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
     let tokens = ready.tokenizer.encode(content, add_special, parse_special);
-    Ok(json_response(&json!({"tokens": tokens})).into_response())
+    if !with_pieces {
+        return Ok(json_response(&json!({"tokens": tokens})).into_response());
+    }
+    let pieces: Vec<Value> = tokens
+        .iter()
+        .map(|&id| {
+            let bytes = ready.tokenizer.token_bytes(id, true);
+            let piece = match std::str::from_utf8(&bytes) {
+                Ok(text) => json!(text),
+                Err(_) => json!(bytes.as_ref()),
+            };
+            json!({"id": id, "piece": piece})
+        })
+        .collect();
+    Ok(json_response(&json!({"tokens": pieces})).into_response())
 }
 
-/// `{"tokens": [...]}` → `{"content": TEXT}`.
+/// `{"tokens": [...]}` → `{"content": TEXT}`, special tokens written out (as llama.cpp's
+/// server).
 pub async fn detokenize(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
     let ready = app.ready()?;
     let map = read_json(body, app.opts.max_body, app.opts.body_timeout).await?;
@@ -89,7 +107,7 @@ pub async fn detokenize(State(app): State<App>, body: Body) -> Result<Response, 
             None => return Err(ApiError::param("tokens", format!("tokens must be ids below the vocabulary size {vocab}, got {v}"))),
         }
     }
-    let content = ready.tokenizer.decode(&ids, false);
+    let content = ready.tokenizer.decode(&ids, true);
     Ok(json_response(&json!({"content": content})).into_response())
 }
 
