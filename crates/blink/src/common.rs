@@ -197,6 +197,14 @@ pub struct NumaArgs {
 impl NumaArgs {
     /// The placement for `threads` compute threads.
     pub fn placement(&self, threads: usize) -> CliResult<Placement> {
+        let placement = self.placement_for(threads)?;
+        if placement.n_threads() > threads {
+            eprintln!("blink: note: each of the {} NUMA nodes needs a thread: running {} threads", placement.n_parts(), placement.n_threads());
+        }
+        Ok(placement)
+    }
+
+    fn placement_for(&self, threads: usize) -> CliResult<Placement> {
         use blink_kernels::numa::Topology;
         match (self.numa.as_deref(), self.numa_nodes) {
             (_, Some(0)) => Err("--numa-nodes must be at least 1".into()),

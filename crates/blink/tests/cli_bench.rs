@@ -1,5 +1,5 @@
 //! `blink bench` on the real model: one result per (depth, test, batch), in the table and
-//! in the JSON, each a measured speed.
+//! in the JSON, each a measured speed, with the threads that ran it.
 
 mod support;
 
@@ -34,4 +34,15 @@ fn bench_reports_every_test_at_every_depth() {
     let text = stdout(&out);
     let names: Vec<&str> = text.lines().filter(|l| l.starts_with("| pp") || l.starts_with("| tg")).map(|l| l.split('|').nth(1).unwrap().trim()).collect();
     assert_eq!(names, ["pp8", "tg4", "tg4", "pp8 @ d20", "tg4 @ d20", "tg4 @ d20"], "{text}");
+}
+
+#[test]
+fn bench_reports_the_threads_that_ran() {
+    // Two simulated NUMA nodes need a thread each, whatever -t asks for.
+    let model = model_path();
+    let out = blink(&["bench", "-m", model.to_str().unwrap(), "-t", "1", "--numa-nodes", "2", "-p", "8", "-n", "0", "-r", "1", "--json"]);
+    ok(&out);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&out)).expect("a JSON array");
+    assert_eq!(rows[0]["threads"], 2, "{rows:?}");
+    assert!(stderr(&out).contains("each of the 2 NUMA nodes needs a thread: running 2 threads"), "{}", stderr(&out));
 }

@@ -127,6 +127,9 @@ pub fn main(args: Args) -> CliResult {
         } else {
             model
         };
+        // What runs: a tensor-parallel placement has at least a thread per node (a flat
+        // model is loaded once, for any count).
+        let t = if model.placement().numa { model.placement().n_threads() } else { t };
         placed.push((t, accounting(model)));
         let pool = model.pool(t)?;
         for &d in &args.depth {
