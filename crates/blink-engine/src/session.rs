@@ -3,6 +3,7 @@
 //! Used by `blink run` and `blink chat`. A new prompt that extends what the cache already
 //! holds (the next chat turn) only evaluates the new tokens.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use blink_kernels::numa::NodePool;
@@ -35,6 +36,8 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Keep generating through end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Generation stops (as at a stop string) once this is set, say by a Ctrl-C handler.
+    pub interrupt: Option<&'static AtomicBool>,
 }
 
 /// Why generation ended.
@@ -201,6 +204,10 @@ impl<'m> Session<'m> {
         let max = params.max_tokens.unwrap_or(usize::MAX);
 
         while tokens.len() < max {
+            if params.interrupt.is_some_and(|f| f.load(Ordering::Relaxed)) {
+                finish = FinishReason::Stop;
+                break;
+            }
             let token = sampler.sample(self.scratch.logits_mut(0));
             sampler.accept(token);
             if tok.is_eog(token) && !params.ignore_eos {

@@ -1,6 +1,7 @@
 //! `blink chat` on the real model: a scripted two-turn conversation through stdin. At
 //! temperature 0 the first reply must equal `blink run`'s for the same message (the chat
-//! template is applied the same way), and the second turn must build on the first.
+//! template is applied the same way), and the second turn must build on the first. Input
+//! is read as llama-cli reads it: backslashed lines, escapes, Ctrl-C stopping a reply.
 
 mod support;
 
@@ -53,4 +54,64 @@ fn bad_sampling_options_fail_before_the_first_message() {
     let out = blink_with_stdin(&["chat", "-m", model.to_str().unwrap(), "--top-p", "2"], b"");
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("top_p must be in [0, 1]"), "{}", stderr(&out));
+}
+
+/// The replies of a scripted chat: the text between its `> ` prompts.
+fn replies(text: &str) -> Vec<String> {
+    text.split("> ").map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+}
+
+#[test]
+fn messages_continue_over_backslashed_lines_and_take_escapes() {
+    let model = model_path();
+    let model = model.to_str().unwrap();
+    let greedy = ["--temp", "0", "-n", "8", "-t", THREADS];
+    let run = blink(&[&["run", "-m", model, "-p", "Name a colour.\\nThen name a fruit."][..], &greedy].concat());
+    ok(&run);
+    let want = stdout(&run).trim().to_string();
+    // As llama-cli: a trailing backslash continues the message, \n is a newline.
+    for input in [&b"Name a colour.\\\nThen name a fruit.\n"[..], b"Name a colour.\\nThen name a fruit.\n"] {
+        let out = blink_with_stdin(&[&["chat", "-m", model][..], &greedy].concat(), input);
+        ok(&out);
+        assert_eq!(replies(&stdout(&out)), std::slice::from_ref(&want), "{}", String::from_utf8_lossy(input));
+    }
+    let literal = blink(&[&["run", "-m", model, "--no-escape", "-p", "Name a colour.\\nThen name a fruit."][..], &greedy].concat());
+    let out = blink_with_stdin(&[&["chat", "-m", model, "--no-escape"][..], &greedy].concat(), b"Name a colour.\\nThen name a fruit.\n");
+    ok(&out);
+    assert_eq!(replies(&stdout(&out)), [stdout(&literal).trim().to_string()]);
+}
+
+#[test]
+fn ctrl_c_stops_a_reply_and_the_chat_goes_on() {
+    use std::io::Read;
+    let model = model_path();
+    let args = ["chat", "-m", model.to_str().unwrap(), "--temp", "0", "-n", "600", "-t", THREADS];
+    let story = b"Tell me a long story about a dragon.\n";
+    let whole = blink_with_stdin(&args, story);
+    ok(&whole);
+    let whole = replies(&stdout(&whole)).remove(0);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_blink")).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    stdin.write_all(story).unwrap();
+    // Wait for the reply to start streaming, then interrupt it.
+    let mut seen = Vec::new();
+    while String::from_utf8_lossy(&seen).split_once("> ").is_none_or(|(_, reply)| reply.len() <= 4) {
+        let mut buf = [0u8; 256];
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "chat ended early: {}", String::from_utf8_lossy(&seen));
+        seen.extend(&buf[..n]);
+    }
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    stdin.write_all(b"Hi\n").unwrap();
+    drop(stdin);
+    stdout.read_to_end(&mut seen).unwrap();
+    let status = child.wait().unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    assert!(status.success(), "{status:?}: {text}");
+    let replies = replies(&text);
+    assert_eq!(replies.len(), 2, "a cut reply, then a reply to the next message: {text}");
+    assert!(whole.starts_with(&replies[0]) && replies[0].len() * 3 < whole.len(), "the reply was not cut short: {replies:?}, whole {whole:?}");
 }

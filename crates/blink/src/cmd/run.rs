@@ -66,6 +66,7 @@ pub fn main(args: Args) -> CliResult {
         sampling: args.sampling.params(cfg.n_ctx)?,
         stop: args.stop.iter().map(|s| args.prompt.unescape("a stop text", s.clone())).collect::<CliResult<_>>()?,
         ignore_eos: args.ignore_eos,
+        interrupt: None,
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
