@@ -1,7 +1,8 @@
 //! `blink chat` on the real model: a scripted two-turn conversation through stdin. At
 //! temperature 0 the first reply must equal `blink run`'s for the same message (the chat
 //! template is applied the same way), and the second turn must build on the first. Input
-//! is read as llama-cli reads it: backslashed lines, escapes, Ctrl-C stopping a reply.
+//! is read as llama-cli reads it: backslashed lines, escapes, Ctrl-C stopping a reply, and
+//! on a terminal (a pty here) a pasted message longer than the line discipline holds.
 
 mod support;
 
@@ -114,4 +115,63 @@ fn ctrl_c_stops_a_reply_and_the_chat_goes_on() {
     let replies = replies(&text);
     assert_eq!(replies.len(), 2, "a cut reply, then a reply to the next message: {text}");
     assert!(whole.starts_with(&replies[0]) && replies[0].len() * 3 < whole.len(), "the reply was not cut short: {replies:?}, whole {whole:?}");
+}
+
+/// A pseudo-terminal: (master, slave).
+fn pty() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two new descriptors, which the files then own.
+    let rc = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    unsafe { (std::fs::File::from_raw_fd(master), std::fs::File::from_raw_fd(slave)) }
+}
+
+#[test]
+fn a_long_message_pasted_into_a_terminal_arrives_whole() {
+    use std::io::Read;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let model = model_path();
+    let (mut master, slave) = pty();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_blink"))
+        .args(["chat", "-m", model.to_str().unwrap(), "--temp", "0", "-n", "2", "--verbose", "-t", THREADS])
+        .env("TERM", "xterm")
+        .stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave)
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let mut reader = master.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = reader.read(&mut buf) {
+            if tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let wait_for = |what: &str, seen: &mut String| {
+        while !seen.contains(what) {
+            let chunk = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no {what:?} in {seen:?}"));
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    // The prompt: the line editor has the terminal.
+    wait_for("> ", &mut seen);
+    // 6000 bytes, past the 4095 a terminal's own line discipline holds, pasted in pieces.
+    let message = "ab ".repeat(2000);
+    for piece in message.as_bytes().chunks(512) {
+        master.write_all(piece).unwrap();
+    }
+    master.write_all(b"\r").unwrap();
+    wait_for("[prompt ", &mut seen);
+    wait_for(" tokens in", &mut seen);
+    master.write_all(b"\x04").unwrap();
+    assert!(child.wait().unwrap().success(), "{seen}");
+    let evaluated: usize = seen.rsplit("[prompt ").next().unwrap().split(' ').next().unwrap().parse().unwrap();
+    // "ab" and " ab" are a token each: 2000 of them, and the template's own tokens.
+    assert!(evaluated > 2000, "only {evaluated} prompt tokens arrived");
 }

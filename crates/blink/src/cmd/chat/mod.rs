@@ -4,17 +4,19 @@
 //! the cached prefix, as llama.cpp's server does, so only the new turn is evaluated (from
 //! the last reply on, when its text tokenizes otherwise than it was generated).
 //!
-//! Input follows llama-cli: a line ending in `\` continues on the next, escapes such as
-//! `\n` are processed (`--no-escape` keeps them), and Ctrl-C stops a streaming reply while
-//! the chat goes on (at the prompt it ends the program).
+//! Input follows llama-cli (see `input`), and Ctrl-C stops a streaming reply while the
+//! chat goes on (at the prompt it ends the program).
 
-use std::io::{self, BufRead, Write};
+mod input;
+
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use blink_engine::{GenerateParams, Session, SessionConfig};
 use blink_model::chat_template::{ChatMessage, ChatTemplate};
 
-use crate::common::{chat_prompt, process_escapes, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
+use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
+use input::{Input, Reader};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -63,17 +65,13 @@ pub fn main(args: Args) -> CliResult {
     // SAFETY: the handler only touches atomics and calls the async-signal-safe `_exit`.
     unsafe { libc::signal(libc::SIGINT, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     eprintln!("blink chat: {} — type a message, /reset to start over, Ctrl-D to quit", loaded.model.cfg.name);
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut reader = Reader::new();
     let stdout = std::io::stdout();
     loop {
-        {
-            let mut out = stdout.lock();
-            write!(out, "\n> ")?;
-            out.flush()?;
-        }
-        let message = match read_message(&mut lines, !args.no_escape)? {
+        let message = match reader.message(!args.no_escape)? {
             Input::End => break,
+            // As a shell does, and llama-cli: Ctrl-C at the prompt ends the program.
+            Input::Interrupted => std::process::exit(130),
             Input::Skipped => continue,
             Input::Message(m) => m,
         };
@@ -128,51 +126,5 @@ extern "C" fn on_interrupt(_: libc::c_int) {
     } else {
         // SAFETY: `_exit` is async-signal-safe; 130 is a shell's code for an interrupt.
         unsafe { libc::_exit(130) };
-    }
-}
-
-/// What the user typed next.
-enum Input {
-    Message(String),
-    /// A message that could not be read as text; it was reported and dropped.
-    Skipped,
-    End,
-}
-
-/// The next message: a line, joined with the lines after it while it ends in a backslash (as
-/// llama-cli reads multi-line input), its escapes processed when `escapes` is set.
-fn read_message(lines: &mut impl Iterator<Item = io::Result<String>>, escapes: bool) -> io::Result<Input> {
-    let mut text = String::new();
-    loop {
-        match lines.next() {
-            None if text.is_empty() => return Ok(Input::End),
-            None => break,
-            Some(Ok(line)) => match line.strip_suffix('\\') {
-                Some(part) => {
-                    text.push_str(part);
-                    text.push('\n');
-                }
-                None => {
-                    text.push_str(&line);
-                    break;
-                }
-            },
-            // The reader has consumed the line: say so, and go on with the next message.
-            Some(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
-                eprintln!("error: that line is not UTF-8 text; it was ignored");
-                return Ok(Input::Skipped);
-            }
-            Some(Err(e)) => return Err(e),
-        }
-    }
-    if !escapes {
-        return Ok(Input::Message(text));
-    }
-    match String::from_utf8(process_escapes(&text)) {
-        Ok(text) => Ok(Input::Message(text)),
-        Err(_) => {
-            eprintln!("error: that message is not UTF-8 once its escapes are processed; it was ignored (--no-escape takes them literally)");
-            Ok(Input::Skipped)
-        }
     }
 }
