@@ -120,7 +120,11 @@ fn parse_common(f: &Fields) -> Result<Common, ApiError> {
         top_k: f.int("top_k", i64::MIN, i64::from(u32::MAX))?.map_or(d.top_k, |k| k.max(0) as usize),
         top_p: f.num("top_p", 0.0, 1.0)?.unwrap_or(d.top_p),
         min_p: f.num("min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
-        repeat_penalty: f.num("repeat_penalty", 1e-3, 100.0)?.unwrap_or(d.repeat_penalty),
+        // llama.cpp's name, then vLLM's.
+        repeat_penalty: match f.num("repeat_penalty", 1e-3, 100.0)? {
+            Some(p) => p,
+            None => f.num("repetition_penalty", 1e-3, 100.0)?.unwrap_or(d.repeat_penalty),
+        },
         // -1 is llama.cpp's whole context; the window is capped at the context on submission.
         repeat_last_n: f.int("repeat_last_n", -1, blink_engine::MAX_REPEAT_LAST_N as i64)?
             .map_or(d.repeat_last_n, |n| usize::try_from(n).unwrap_or(blink_engine::MAX_REPEAT_LAST_N)),
@@ -332,6 +336,8 @@ mod tests {
             chat(body).map(|r| r.common.sampling)
         };
         assert_eq!(sampling(json!({"top_k": -1})).unwrap().top_k, 0);
+        assert_eq!(sampling(json!({"repetition_penalty": 1.3})).unwrap().repeat_penalty, 1.3);
+        assert_eq!(sampling(json!({"repetition_penalty": 1.3, "repeat_penalty": 1.1})).unwrap().repeat_penalty, 1.1);
         assert_eq!(sampling(json!({"repeat_last_n": -1})).unwrap().repeat_last_n, blink_engine::MAX_REPEAT_LAST_N);
         assert!(sampling(json!({"repeat_last_n": -2})).is_err());
         // What this server cannot do is refused, not ignored.
