@@ -252,6 +252,11 @@ impl ComputeArgs {
         resolve_threads(self.threads)
     }
 
+    /// A single-conversation session's sizes for `model`.
+    pub fn session_config(&self, model: &Model) -> CliResult<blink_engine::SessionConfig> {
+        Ok(blink_engine::SessionConfig { n_ctx: self.ctx(model), n_threads: self.threads()?, n_batch: self.batch_size, kv_type: self.cache_type })
+    }
+
     /// The context to run with, warning on stderr past the trained one.
     pub fn ctx(&self, model: &Model) -> usize {
         let ctx = model.cfg.context_for(self.ctx_size);

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use blink_engine::{GenerateParams, Session, SessionConfig};
+use blink_engine::{GenerateParams, Session};
 use blink_model::chat_template::ChatMessage;
 
 use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, PromptArgs, SamplingArgs};
@@ -54,12 +54,7 @@ pub fn main(args: Args) -> CliResult {
         messages.push(ChatMessage::new("user", &text));
         chat_prompt(&loaded, &messages)?
     };
-    let cfg = SessionConfig {
-        n_ctx: args.compute.ctx(&loaded.model),
-        n_threads: args.compute.threads()?,
-        n_batch: args.compute.batch_size,
-        kv_type: args.compute.cache_type,
-    };
+    let cfg = args.compute.session_config(&loaded.model)?;
     let mut session = Session::new(&loaded.model, &cfg)?;
     let params = GenerateParams {
         max_tokens: crate::common::max_tokens(args.max_tokens)?,

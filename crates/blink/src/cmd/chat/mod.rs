@@ -12,7 +12,7 @@ mod input;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use blink_engine::{GenerateParams, Session, SessionConfig};
+use blink_engine::{GenerateParams, Session};
 use blink_model::chat_template::{ChatMessage, ChatTemplate};
 
 use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
@@ -47,12 +47,7 @@ pub fn main(args: Args) -> CliResult {
         eprintln!("blink: warning: {}", ChatTemplate::MISSING);
         loaded.template = Some(ChatTemplate::chatml());
     }
-    let cfg = SessionConfig {
-        n_ctx: args.compute.ctx(&loaded.model),
-        n_threads: args.compute.threads()?,
-        n_batch: args.compute.batch_size,
-        kv_type: args.compute.cache_type,
-    };
+    let cfg = args.compute.session_config(&loaded.model)?;
     let mut session = Session::new(&loaded.model, &cfg)?;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
     let params = GenerateParams {
