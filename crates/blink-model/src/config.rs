@@ -139,6 +139,9 @@ impl ModelConfig {
             }
         };
 
+        if let Some(n) = file.opt_u32(&key("expert_count"))?.filter(|&n| n > 0) {
+            return Err(ModelError::Unsupported(format!("mixture-of-experts models ({n} experts)")));
+        }
         let n_layers = bounded("block_count", MAX_LAYERS)?;
         let n_embd = bounded("embedding_length", MAX_DIM)?;
         let n_ff = bounded("feed_forward_length", MAX_DIM)?;
@@ -210,8 +213,15 @@ impl ModelConfig {
         if !(freq_base.is_finite() && freq_base > 1.0) {
             return Err(ModelError::BadConfig(format!("rope freq_base {freq_base} is not valid")));
         }
-        let scaling_type = file.opt_str(&key("rope.scaling.type"))?.unwrap_or("none");
+        // As llama.cpp: the type defaults to linear, the factor to the old `rope.scale_linear`
+        // key, and a factor of 0 (or none) means no scaling.
+        let scaling_type = file.opt_str(&key("rope.scaling.type"))?.unwrap_or("linear");
         let factor = match file.opt_f32(&key("rope.scaling.factor"))? {
+            Some(f) => Some(f),
+            None => file.opt_f32(&key("rope.scale_linear"))?,
+        };
+        let factor = match factor {
+            Some(f) if f == 0.0 => 1.0,
             Some(f) if f.is_finite() && f > 0.0 => f,
             Some(f) => return Err(ModelError::BadConfig(format!("rope scaling factor {f} is not valid"))),
             None => 1.0,

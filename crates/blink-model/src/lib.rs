@@ -83,13 +83,15 @@ impl Model {
         let homes: Vec<Home> = (0..plan.parts.len())
             .map(|node| if placement.numa { Home::Node { topology: &placement.topology, node } } else { Home::Shared })
             .collect();
-        let rope_freqs = Loader::new(&file, isa, Home::Shared).rope_freqs(&cfg)?;
+        let used = weights::Used::default();
+        let rope_freqs = Loader::new(&file, isa, Home::Shared, &used).rope_freqs(&cfg)?;
         let parts = plan
             .parts
             .iter()
             .zip(&homes)
-            .map(|(part, &home)| Weights::load(&Loader::new(&file, isa, home), &cfg, part))
+            .map(|(part, &home)| Weights::load(&Loader::new(&file, isa, home, &used), &cfg, part))
             .collect::<Result<Vec<_>, ModelError>>()?;
+        used.check_all(&file)?;
         weights::release_copied(&file, &parts);
         let rope = Rope::new(&cfg.rope, rope_freqs);
         Ok(Model { cfg, rope, plan, parts, placement: placement.clone(), file })

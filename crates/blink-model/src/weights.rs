@@ -6,6 +6,8 @@
 //! so the forward pass never reads another node's memory. Every shape and type the
 //! forward pass relies on is checked here, so the forward pass itself never has to.
 
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
@@ -144,19 +146,38 @@ pub(crate) struct Loader<'a> {
     isa: Isa,
     home: Home<'a>,
     arena: Arena<'a>,
+    used: &'a Used,
+}
+
+/// The names of the tensors the loaders read, so that a tensor none of them reads (a bias
+/// or a feature this engine lacks) is refused rather than silently left out.
+#[derive(Default)]
+pub(crate) struct Used(RefCell<HashSet<String>>);
+
+impl Used {
+    /// Refuse `file` if it holds a tensor no loader read (llama.cpp refuses such a file too).
+    pub(crate) fn check_all(&self, file: &GgufFile) -> Result<(), ModelError> {
+        let used = self.0.borrow();
+        match file.tensors().iter().find(|t| !used.contains(&t.name)) {
+            Some(t) => Err(ModelError::Unsupported(format!("tensor '{}', which this engine does not use (a feature of the model it lacks)", t.name))),
+            None => Ok(()),
+        }
+    }
 }
 
 impl<'a> Loader<'a> {
-    pub(crate) fn new(file: &'a Arc<GgufFile>, isa: Isa, home: Home<'a>) -> Loader<'a> {
+    pub(crate) fn new(file: &'a Arc<GgufFile>, isa: Isa, home: Home<'a>, used: &'a Used) -> Loader<'a> {
         let node = match home {
             Home::Shared => None,
             Home::Node { topology, node } => Some((topology, node)),
         };
-        Loader { file, isa, home, arena: Arena::new(node) }
+        Loader { file, isa, home, arena: Arena::new(node), used }
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
-        self.file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+        let info = self.file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        self.used.0.borrow_mut().insert(name.to_string());
+        Ok(info)
     }
 
     /// Check that `name` is a matrix with `cols` inputs and `rows` outputs (GGUF dims

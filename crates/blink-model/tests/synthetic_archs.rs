@@ -2,6 +2,8 @@
 //! Qwen3 with per-head Q/K norms and NeoX rope, and Llama with linear rope scaling), built
 //! as real GGUF files: each loads, computes finite logits, gives the same logits for a
 //! sequence alone and inside a batch, and the same logits split over simulated NUMA nodes.
+//! Rope scaling keys are read as llama.cpp reads them, and a file holding a tensor the
+//! engine would not use, or experts, is refused.
 
 use std::sync::Arc;
 
@@ -47,6 +49,13 @@ fn add_vector(w: &mut GgufWriter, name: &str, values: &[f32]) {
 
 /// A random model of `arch` with `matrix` weights, as GGUF bytes.
 fn build(arch: &str, matrix: GgmlType, scaling: bool) -> Vec<u8> {
+    let linear = [("rope.scaling.type", Value::from("linear")), ("rope.scaling.factor", Value::F32(4.0))];
+    build_with(arch, matrix, if scaling { &linear[..] } else { &[] }, &[])
+}
+
+/// As [`build`], with `meta` (keys after `{arch}.`) and `vectors` (f32 tensors of that
+/// many values) added.
+fn build_with(arch: &str, matrix: GgmlType, meta: &[(&str, Value)], vectors: &[(&str, usize)]) -> Vec<u8> {
     let mut noise = Noise(0x1234_5678_9abc_def1 ^ arch.len() as u64);
     let mut w = GgufWriter::new();
     let k = |s: &str| format!("{arch}.{s}");
@@ -61,9 +70,8 @@ fn build(arch: &str, matrix: GgmlType, scaling: bool) -> Vec<u8> {
     w.add(k("rope.freq_base"), Value::F32(10000.0)).unwrap();
     w.add(k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)).unwrap();
     w.add(k("vocab_size"), Value::U32(VOCAB as u32)).unwrap();
-    if scaling {
-        w.add(k("rope.scaling.type"), Value::from("linear")).unwrap();
-        w.add(k("rope.scaling.factor"), Value::F32(4.0)).unwrap();
+    for (key, value) in meta {
+        w.add(k(key), value.clone()).unwrap();
     }
     let (q, kv) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     add_matrix(&mut w, &mut noise, "token_embd.weight", GgmlType::Q8_0, EMBD, VOCAB);
@@ -88,6 +96,9 @@ fn build(arch: &str, matrix: GgmlType, scaling: bool) -> Vec<u8> {
         add_matrix(&mut w, &mut noise, &n("ffn_gate.weight"), matrix, EMBD, FF);
         add_matrix(&mut w, &mut noise, &n("ffn_up.weight"), matrix, EMBD, FF);
         add_matrix(&mut w, &mut noise, &n("ffn_down.weight"), matrix, FF, EMBD);
+    }
+    for &(name, len) in vectors {
+        add_vector(&mut w, name, &noise.values(len, 0.5));
     }
     w.to_bytes()
 }
@@ -152,4 +163,32 @@ fn k_quant_and_float_weights_run() {
     check("llama", GgmlType::F16, false);
     check("qwen2", GgmlType::BF16, false);
     check("llama", GgmlType::F32, false);
+}
+
+#[test]
+fn rope_scaling_reads_llama_cpp_defaults_and_old_keys() {
+    let run = |meta: &[(&str, Value)]| {
+        let model = Model::from_gguf(Arc::new(GgufFile::from_bytes(build_with("llama", GgmlType::Q8_0, meta, &[])).unwrap())).unwrap();
+        logits(&model, 2, &[vec![5, 17, 33, 2, 90, 41, 7]])
+    };
+    let linear = run(&[("rope.scaling.type", Value::from("linear")), ("rope.scaling.factor", Value::F32(4.0))]);
+    assert_ne!(linear, run(&[]), "scaling should change the logits");
+    // No type means linear; the factor may come under its old name.
+    assert_eq!(run(&[("rope.scaling.factor", Value::F32(4.0))]), linear);
+    assert_eq!(run(&[("rope.scale_linear", Value::F32(4.0))]), linear);
+    // A factor of 0 means none.
+    assert_eq!(run(&[("rope.scaling.factor", Value::F32(0.0))]), run(&[]));
+}
+
+#[test]
+fn tensors_the_engine_would_not_use_are_refused() {
+    let load = |arch: &str, meta: &[(&str, Value)], vectors: &[(&str, usize)]| {
+        Model::from_gguf(Arc::new(GgufFile::from_bytes(build_with(arch, GgmlType::Q8_0, meta, vectors)).unwrap())).err().map(|e| e.to_string())
+    };
+    for (arch, tensor, len) in [("llama", "blk.0.attn_output.bias", EMBD), ("llama", "blk.1.ffn_down.bias", EMBD), ("qwen2", "output.bias", VOCAB), ("llama", "blk.0.attn_q_norm.weight", HEAD_DIM)] {
+        let e = load(arch, &[], &[(tensor, len)]).unwrap_or_else(|| panic!("{arch} with {tensor} loaded"));
+        assert!(e.contains(&format!("tensor '{tensor}'")), "{e}");
+    }
+    let e = load("llama", &[("expert_count", Value::U32(8))], &[]).expect("an expert model is refused");
+    assert!(e.contains("mixture-of-experts"), "{e}");
 }
