@@ -221,7 +221,7 @@ impl ModelConfig {
             None => file.opt_f32(&key("rope.scale_linear"))?,
         };
         let factor = match factor {
-            Some(f) if f == 0.0 => 1.0,
+            Some(0.0) => 1.0,
             Some(f) if f.is_finite() && f > 0.0 => f,
             Some(f) => return Err(ModelError::BadConfig(format!("rope scaling factor {f} is not valid"))),
             None => 1.0,
