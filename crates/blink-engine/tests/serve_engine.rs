@@ -3,7 +3,8 @@
 //! cancelled requests free their cache; shared prefixes are reused, to the token, with the
 //! same results as computing them, even by requests that arrive while the prefix computes;
 //! a request that arrives while a step computes joins the next one; the queue bound counts
-//! only requests that must wait; a prompt moves on however many sequences decode.
+//! only requests that must wait; a prompt moves on however many sequences decode; a request
+//! that needs the whole cache is served on a cached prefix.
 
 mod support;
 
@@ -212,5 +213,27 @@ fn a_prompt_moves_on_while_more_sequences_decode_than_a_step_holds() {
     // are published after its last event).
     assert!(engine.stats().running >= 6, "{:?}", engine.stats());
     drop(decoding);
+    settled(&engine);
+}
+
+#[test]
+fn a_request_needing_the_whole_cache_runs_on_a_cached_prefix() {
+    let (model, tok) = model();
+    // One sequence's context is the whole cache.
+    let cfg = EngineConfig { kv_tokens: 512, max_seq_len: 512, max_running: 1, ..config() };
+    let engine = Engine::start(model, tok.eog_ids().to_vec(), cfg).unwrap();
+    let prompt = tok.encode("The history of the bicycle begins in the early nineteenth century, when", false, true);
+    assert!(prompt.len() % 16 != 0, "the prompt should end inside a block");
+    let request = greedy(prompt.clone(), 512 - prompt.len());
+    let run = |request: Request| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut sub = engine.submit(request).unwrap();
+        std::thread::spawn(move || tx.send(collect(&mut sub)));
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the request should be served")
+    };
+    let first = run(request.clone());
+    // Again: its prompt is cached now, and attaching it must not keep it from the cache.
+    let again = run(request);
+    assert_eq!(again.0, first.0);
     settled(&engine);
 }

@@ -52,7 +52,7 @@ pub struct ModelOptions {
     /// 0: the model's).
     pub ctx_size: Option<usize>,
     /// KV cache tokens over all sequences (default: `parallel` × the context size, so every
-    /// running request can reserve a full context; unused cache costs no memory).
+    /// running request can reserve a full context; blocks never used cost no memory).
     pub kv_budget: Option<usize>,
     /// Most sequences running at once.
     pub parallel: usize,

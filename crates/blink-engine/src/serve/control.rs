@@ -117,6 +117,16 @@ impl Control {
         }
     }
 
+    /// Nothing runs and no waiting request fits the cache: wait for a command, or for
+    /// `patience` (a waiting client may have gone meanwhile), instead of spinning.
+    pub(super) fn wait_for_room(&mut self, patience: std::time::Duration) {
+        match self.commands.recv_timeout(patience) {
+            Ok(c) => self.take(c),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => self.disconnected = true,
+        }
+    }
+
     /// Where the sequence with cache id `kv` is in `running`.
     #[inline]
     pub(super) fn index(&self, kv: SeqId) -> usize {
@@ -238,14 +248,7 @@ impl Control {
                 i += 1;
                 continue;
             }
-            let p = &self.waiting[i];
-            let id = kv.new_seq();
-            let cached = if self.cfg.prefix_cache { kv.attach_prefix(id, &p.request.prompt).unwrap_or(0) } else { 0 };
-            let total = p.request.prompt.len() + p.request.max_tokens;
-            if kv.reserve(id, total).is_err() {
-                kv.free_seq(id);
-                break;
-            }
+            let Some((id, cached)) = self.reserve(kv, &self.waiting[i].request) else { break };
             let p = self.waiting.remove(i).expect("index checked above");
             self.occupancy.running.fetch_add(1, Ordering::AcqRel);
             self.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -274,6 +277,28 @@ impl Control {
                 done: None,
             });
         }
+    }
+
+    /// A cache sequence holding `request`'s whole KV need, on a cached prefix when one
+    /// fits; `None` if the cache cannot hold it now. The prefix is dropped when it is what
+    /// stands in the way: attaching it pins the source of a partial-block copy, a block a
+    /// request needing the whole cache cannot spare.
+    fn reserve(&self, kv: &mut KvBlocks, request: &Request) -> Option<(SeqId, usize)> {
+        let total = request.prompt.len() + request.max_tokens;
+        if self.cfg.prefix_cache {
+            let id = kv.new_seq();
+            let cached = kv.attach_prefix(id, &request.prompt).unwrap_or(0);
+            if kv.reserve(id, total).is_ok() {
+                return Some((id, cached));
+            }
+            kv.free_seq(id);
+        }
+        let id = kv.new_seq();
+        if kv.reserve(id, total).is_ok() {
+            return Some((id, 0));
+        }
+        kv.free_seq(id);
+        None
     }
 
     /// Whether a running prompt not yet computed (so not yet in the prefix cache) shares

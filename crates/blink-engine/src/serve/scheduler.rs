@@ -88,6 +88,9 @@ impl Scheduler {
             let decoding = self.assemble();
             if self.rows.is_empty() {
                 planned = false;
+                if self.ctl.running.is_empty() && self.ctl.outbox.is_empty() && !self.ctl.idle() {
+                    self.ctl.wait_for_room(std::time::Duration::from_millis(20));
+                }
                 continue;
             }
             let was_planned = planned;

@@ -45,8 +45,9 @@ pub struct EngineArgs {
     /// Longest sequence (prompt + generated) per request (default: the model's context, at most 4096; 0: the model's).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
-    /// KV cache tokens over all running sequences (default: --parallel × --ctx-size; unused
-    /// cache costs no memory).
+    /// KV cache tokens over all running sequences (default: --parallel × --ctx-size). Cache
+    /// never used costs no memory, but the prefix cache keeps the blocks it is given, so a
+    /// busy server grows to the whole budget, as llama.cpp's allocates it at start.
     #[arg(long = "kv-budget")]
     pub kv_budget: Option<usize>,
     /// Most sequences generating at once (also `-np`).
