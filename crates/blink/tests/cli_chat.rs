@@ -117,13 +117,18 @@ fn ctrl_c_stops_a_reply_and_the_chat_goes_on() {
     assert!(whole.starts_with(&replies[0]) && replies[0].len() * 3 < whole.len(), "the reply was not cut short: {replies:?}, whole {whole:?}");
 }
 
-/// A pseudo-terminal: (master, slave).
+/// A pseudo-terminal: (master, slave), neither inherited by other tests' children.
 fn pty() -> (std::fs::File, std::fs::File) {
     use std::os::fd::FromRawFd;
     let (mut master, mut slave) = (0, 0);
     // SAFETY: openpty writes two new descriptors, which the files then own.
     let rc = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
     assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    for fd in [master, slave] {
+        // SAFETY: fd is open and ours. Tests run in parallel: a child of another test
+        // must not hold this terminal open.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }, 0);
+    }
     unsafe { (std::fs::File::from_raw_fd(master), std::fs::File::from_raw_fd(slave)) }
 }
 
@@ -142,6 +147,16 @@ fn a_long_message_pasted_into_a_terminal_arrives_whole() {
         .stderr(slave)
         .spawn()
         .unwrap();
+    // A stuck chat fails the test instead of hanging it: past the deadline the child is
+    // killed, which also ends any write to the terminal.
+    let (done, deadline) = mpsc::channel::<()>();
+    let pid = child.id() as libc::pid_t;
+    std::thread::spawn(move || {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = deadline.recv_timeout(Duration::from_secs(240)) {
+            // SAFETY: the child is not yet reaped (the test is still waiting on it).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
     let (tx, rx) = mpsc::channel();
     let mut reader = master.try_clone().unwrap();
     std::thread::spawn(move || {
@@ -153,24 +168,34 @@ fn a_long_message_pasted_into_a_terminal_arrives_whole() {
         }
     });
     let mut seen = String::new();
-    let wait_for = |what: &str, seen: &mut String| {
-        while !seen.contains(what) {
-            let chunk = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no {what:?} in {seen:?}"));
-            seen.push_str(&String::from_utf8_lossy(&chunk));
+    // Waits until `what` appears after byte `from` of the output; returns where it ends.
+    let wait_for = |what: &str, from: usize, seen: &mut String| loop {
+        if let Some(at) = seen[from..].find(what) {
+            return from + at + what.len();
         }
+        let chunk = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no {what:?} in {seen:?}"));
+        seen.push_str(&String::from_utf8_lossy(&chunk));
     };
-    // The prompt: the line editor has the terminal.
-    wait_for("> ", &mut seen);
-    // 6000 bytes, past the 4095 a terminal's own line discipline holds, pasted in pieces.
+    // The prompt: the line editor has the terminal, in raw mode.
+    let at = wait_for("> ", 0, &mut seen);
+    // 6000 bytes, past the 4095 a terminal's own line discipline holds, pasted in pieces
+    // between the bracketed-paste marks a terminal sends.
     let message = "ab ".repeat(2000);
+    master.write_all(b"\x1b[200~").unwrap();
     for piece in message.as_bytes().chunks(512) {
         master.write_all(piece).unwrap();
     }
-    master.write_all(b"\r").unwrap();
-    wait_for("[prompt ", &mut seen);
-    wait_for(" tokens in", &mut seen);
+    master.write_all(b"\x1b[201~\r").unwrap();
+    let at = wait_for("[prompt ", at, &mut seen);
+    let at = wait_for(" tokens in", at, &mut seen);
+    // End of input once the editor has the terminal again: a Ctrl-D typed while the reply
+    // is written reaches a cooked terminal, which keeps it as an end-of-file mark that
+    // raw mode then reads as a NUL byte.
+    wait_for("> ", at, &mut seen);
     master.write_all(b"\x04").unwrap();
-    assert!(child.wait().unwrap().success(), "{seen}");
+    let status = child.wait().unwrap();
+    drop(done);
+    assert!(status.success(), "{status:?}: {seen}");
     let evaluated: usize = seen.rsplit("[prompt ").next().unwrap().split(' ').next().unwrap().parse().unwrap();
     // "ab" and " ab" are a token each: 2000 of them, and the template's own tokens.
     assert!(evaluated > 2000, "only {evaluated} prompt tokens arrived");
