@@ -246,6 +246,25 @@ impl Array {
         self.len() == 0
     }
 
+    /// The elements of an integer array as `u64`; `None` for other arrays, or when an
+    /// element is negative.
+    pub fn to_u64s(&self) -> Option<Vec<u64>> {
+        fn widen<T: Copy + TryInto<u64>>(v: &[T]) -> Option<Vec<u64>> {
+            v.iter().map(|&x| x.try_into().ok()).collect()
+        }
+        match self {
+            Array::U8(v) => widen(v),
+            Array::I8(v) => widen(v),
+            Array::U16(v) => widen(v),
+            Array::I16(v) => widen(v),
+            Array::U32(v) => widen(v),
+            Array::I32(v) => widen(v),
+            Array::U64(v) => Some(v.clone()),
+            Array::I64(v) => widen(v),
+            _ => None,
+        }
+    }
+
     /// The type name of the array, element type included: `"array[string]"`, `"array[f32]"`.
     pub fn type_name(&self) -> &'static str {
         match self {

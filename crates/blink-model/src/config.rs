@@ -3,7 +3,7 @@
 //! One `ModelConfig` describes every supported architecture; the per-architecture
 //! differences (rope order, biases, q/k norms) are plain fields, not separate types.
 
-use blink_gguf::GgufFile;
+use blink_gguf::{GgufError, GgufFile, Value};
 
 use crate::ModelError;
 
@@ -144,9 +144,36 @@ impl ModelConfig {
         }
         let n_layers = bounded("block_count", MAX_LAYERS)?;
         let n_embd = bounded("embedding_length", MAX_DIM)?;
-        let n_ff = bounded("feed_forward_length", MAX_DIM)?;
-        let n_head = bounded("attention.head_count", MAX_DIM)?;
-        let n_head_kv = optional("attention.head_count_kv")?.unwrap_or(n_head);
+        // These three may be per-layer arrays, as llama.cpp reads them; one value for
+        // every layer is all this engine runs.
+        let uniform = |suffix: &str| -> Result<Option<usize>, ModelError> {
+            let k = key(suffix);
+            let Some(Value::Array(per_layer)) = file.get(&k) else {
+                return optional(suffix);
+            };
+            let values = per_layer.to_u64s().ok_or_else(|| {
+                ModelError::BadConfig(format!("{k} is an {}, not integers", per_layer.type_name()))
+            })?;
+            if values.len() != n_layers {
+                return Err(ModelError::BadConfig(format!(
+                    "{k} has {} per-layer values for {n_layers} layers",
+                    values.len()
+                )));
+            }
+            let value = values[0];
+            if values.iter().any(|&v| v != value) {
+                return Err(ModelError::Unsupported(format!("layers of different shapes ({k} varies by layer)")));
+            }
+            match u32::try_from(value) {
+                Ok(0) => Err(ModelError::BadConfig(format!("{k} must not be 0"))),
+                Ok(v) if v <= MAX_DIM => Ok(Some(v as usize)),
+                _ => Err(ModelError::BadConfig(format!("{k} = {value} is too large"))),
+            }
+        };
+        let required = |suffix: &str| uniform(suffix)?.ok_or_else(|| ModelError::from(GgufError::MissingKey(key(suffix))));
+        let n_ff = required("feed_forward_length")?;
+        let n_head = required("attention.head_count")?;
+        let n_head_kv = uniform("attention.head_count_kv")?.unwrap_or(n_head);
         let head_dim = optional("attention.key_length")?.unwrap_or(n_embd / n_head);
         if let Some(v_dim) = optional("attention.value_length")? {
             if v_dim != head_dim {

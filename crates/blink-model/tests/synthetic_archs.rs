@@ -2,12 +2,12 @@
 //! Qwen3 with per-head Q/K norms and NeoX rope, and Llama with linear rope scaling), built
 //! as real GGUF files: each loads, computes finite logits, gives the same logits for a
 //! sequence alone and inside a batch, and the same logits split over simulated NUMA nodes.
-//! Rope scaling keys are read as llama.cpp reads them, and a file holding a tensor the
-//! engine would not use, or experts, is refused.
+//! Rope scaling keys and per-layer shape arrays are read as llama.cpp reads them, and a
+//! file holding a tensor the engine would not use, or experts, is refused.
 
 use std::sync::Arc;
 
-use blink_gguf::{GgmlType, GgufFile, GgufWriter, Value};
+use blink_gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
 use blink_kernels::numa::Topology;
 use blink_kernels::quant::quantize_weights;
 use blink_model::{KvType, Model, Placement, Scratch, StepRow};
@@ -53,24 +53,27 @@ fn build(arch: &str, matrix: GgmlType, scaling: bool) -> Vec<u8> {
     build_with(arch, matrix, if scaling { &linear[..] } else { &[] }, &[])
 }
 
-/// As [`build`], with `meta` (keys after `{arch}.`) and `vectors` (f32 tensors of that
-/// many values) added.
+/// As [`build`], with `meta` (keys after `{arch}.`) set and `vectors` (f32 tensors of
+/// that many values) added.
 fn build_with(arch: &str, matrix: GgmlType, meta: &[(&str, Value)], vectors: &[(&str, usize)]) -> Vec<u8> {
     let mut noise = Noise(0x1234_5678_9abc_def1 ^ arch.len() as u64);
     let mut w = GgufWriter::new();
     let k = |s: &str| format!("{arch}.{s}");
     w.add("general.architecture", Value::from(arch)).unwrap();
-    w.add(k("block_count"), Value::U32(LAYERS as u32)).unwrap();
-    w.add(k("context_length"), Value::U32(256)).unwrap();
-    w.add(k("embedding_length"), Value::U32(EMBD as u32)).unwrap();
-    w.add(k("feed_forward_length"), Value::U32(FF as u32)).unwrap();
-    w.add(k("attention.head_count"), Value::U32(HEADS as u32)).unwrap();
-    w.add(k("attention.head_count_kv"), Value::U32(KV_HEADS as u32)).unwrap();
-    w.add(k("attention.key_length"), Value::U32(HEAD_DIM as u32)).unwrap();
-    w.add(k("rope.freq_base"), Value::F32(10000.0)).unwrap();
-    w.add(k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)).unwrap();
-    w.add(k("vocab_size"), Value::U32(VOCAB as u32)).unwrap();
-    for (key, value) in meta {
+    let base = [
+        ("block_count", Value::U32(LAYERS as u32)),
+        ("context_length", Value::U32(256)),
+        ("embedding_length", Value::U32(EMBD as u32)),
+        ("feed_forward_length", Value::U32(FF as u32)),
+        ("attention.head_count", Value::U32(HEADS as u32)),
+        ("attention.head_count_kv", Value::U32(KV_HEADS as u32)),
+        ("attention.key_length", Value::U32(HEAD_DIM as u32)),
+        ("rope.freq_base", Value::F32(10000.0)),
+        ("attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ("vocab_size", Value::U32(VOCAB as u32)),
+    ];
+    // `meta` replaces a base key of the same name.
+    for (key, value) in base.iter().filter(|(key, _)| meta.iter().all(|(m, _)| m != key)).chain(meta) {
         w.add(k(key), value.clone()).unwrap();
     }
     let (q, kv) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
@@ -191,4 +194,25 @@ fn tensors_the_engine_would_not_use_are_refused() {
     }
     let e = load("llama", &[("expert_count", Value::U32(8))], &[]).expect("an expert model is refused");
     assert!(e.contains("mixture-of-experts"), "{e}");
+}
+
+#[test]
+fn per_layer_shape_arrays_are_read_when_every_layer_agrees() {
+    let model = |meta: &[(&str, Value)]| Model::from_gguf(Arc::new(GgufFile::from_bytes(build_with("llama", GgmlType::Q8_0, meta, &[])).unwrap()));
+    let per_layer = |v: usize| Value::Array(Array::I32(vec![v as i32; LAYERS]));
+    let seq = [vec![5, 17, 33, 2, 90, 41, 7]];
+    let scalar = logits(&model(&[]).unwrap(), 2, &seq);
+    let arrays = model(&[
+        ("feed_forward_length", per_layer(FF)),
+        ("attention.head_count", per_layer(HEADS)),
+        ("attention.head_count_kv", Value::Array(Array::U32(vec![KV_HEADS as u32; LAYERS]))),
+    ]);
+    assert_eq!(logits(&arrays.unwrap(), 2, &seq), scalar);
+    let refused = |meta: &[(&str, Value)]| model(meta).err().expect("refused").to_string();
+    let varying = refused(&[("attention.head_count_kv", Value::Array(Array::U32(vec![2, 4])))]);
+    assert!(varying.contains("head_count_kv varies by layer"), "{varying}");
+    let short = refused(&[("feed_forward_length", Value::Array(Array::U32(vec![FF as u32])))]);
+    assert!(short.contains("1 per-layer values for 2 layers"), "{short}");
+    let floats = refused(&[("attention.head_count", Value::Array(Array::F32(vec![4.0; LAYERS])))]);
+    assert!(floats.contains("array[f32]"), "{floats}");
 }
