@@ -100,7 +100,7 @@ impl Metrics {
     /// The Prometheus text exposition; `engine` is `None` while the model loads.
     pub fn render(&self, engine: Option<&EngineStats>) -> String {
         let mut out = String::with_capacity(4096);
-        out.push_str("# HELP blink_requests_total HTTP requests answered, by endpoint and status.\n");
+        out.push_str("# HELP blink_requests_total HTTP requests, by endpoint and answer status (499: the client left before the answer).\n");
         out.push_str("# TYPE blink_requests_total counter\n");
         if let Ok(map) = self.requests.lock() {
             for ((endpoint, status), n) in map.iter() {

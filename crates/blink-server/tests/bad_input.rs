@@ -312,7 +312,7 @@ fn garbage_request_lines_get_closed() {
 }
 
 #[test]
-fn a_client_killed_mid_stream_frees_its_sequence() {
+fn a_client_gone_mid_stream_or_mid_answer_frees_its_sequence() {
     // Its own server, so other tests' requests cannot blur the engine's counters.
     let server = TestServer::start(ServerOptions::default(), model_options());
     let before = server.wait_idle(Duration::from_secs(5));
@@ -333,12 +333,33 @@ fn a_client_killed_mid_stream_frees_its_sequence() {
         assert!(server.stats().running > 0, "nothing running: {:?}", server.stats());
         drop(streams); // the clients vanish mid-stream
     });
+    let streamed = server.wait_idle(Duration::from_secs(10));
+    assert_eq!(streamed.kv_blocks_used, before.kv_blocks_used);
+    assert!(streamed.generated_tokens_total < 3 * 900, "the cancelled streams ran on: {streamed:?}");
+    // A client waiting for a whole (non-streaming) answer vanishes once generation starts.
+    block_on(async {
+        let mut whole = body.clone();
+        whole["stream"] = json!(false);
+        let payload = whole.to_string();
+        let request = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}", payload.len());
+        let mut waiting = TcpStream::connect(server.server.addr()).await.unwrap();
+        waiting.write_all(request.as_bytes()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.stats().running == 0 {
+            assert!(Instant::now() < deadline, "the request never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(waiting);
+    });
     let after = server.wait_idle(Duration::from_secs(10));
     assert_eq!(after.kv_blocks_used, before.kv_blocks_used);
-    assert!(after.generated_tokens_total < 3 * 900, "the cancelled requests ran on: {after:?}");
-    // /metrics agrees, and the server still serves.
+    assert!(after.generated_tokens_total - streamed.generated_tokens_total < 900, "the cancelled request ran on: {after:?}");
+    // /metrics agrees: three streams answered 200, one request left unanswered. And the
+    // server still serves.
     let metrics = block_on(server.client().get("/metrics")).unwrap().text();
     assert_eq!(blink_server::metrics::sample(&metrics, "blink_running_sequences"), Some(0.0), "{metrics}");
+    let requests = |status: u16| blink_server::metrics::sample(&metrics, &format!("blink_requests_total{{endpoint=\"/v1/chat/completions\",status=\"{status}\"}}"));
+    assert_eq!((requests(200), requests(499)), (Some(3.0), Some(1.0)), "{metrics}");
     let r = block_on(server.client().post_json("/v1/chat/completions", &hello(json!({})))).unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
 }

@@ -70,6 +70,7 @@ fn endpoint(path: &str) -> &'static str {
 /// count the request.
 async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
     let label = endpoint(req.uri().path());
+    let mut count = Count { app: app.clone(), label, status: CLIENT_CLOSED };
     let open = matches!(label, "/health" | "/");
     let mut resp = if req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD) {
         // A preflight never carries the key.
@@ -81,8 +82,25 @@ async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
         }
     };
     resp.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
-    app.metrics.request(label, resp.status().as_u16());
+    count.status = resp.status().as_u16();
     resp
+}
+
+/// The status counted for a request whose client left before the answer (nginx's 499).
+const CLIENT_CLOSED: u16 = 499;
+
+/// Counts one request when dropped: with its answer's status, or as [`CLIENT_CLOSED`] when
+/// the client went away and the handler was dropped mid-way.
+struct Count {
+    app: App,
+    label: &'static str,
+    status: u16,
+}
+
+impl Drop for Count {
+    fn drop(&mut self) {
+        self.app.metrics.request(self.label, self.status);
+    }
 }
 
 /// 204 allowing the methods and the headers the preflight asks for.
