@@ -1,0 +1,74 @@
+//! The serving engine's steady state allocates nothing: once a batch of requests is
+//! decoding, whole steps (planning, the forward pass, sampling, sending each token) make
+//! no heap allocation (a request asking for log-probabilities gets a list of them per
+//! token, which does). Checked with a counting global allocator, which counts every
+//! thread: this file holds one test, so nothing else runs beside it.
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use blink_engine::serve::{Engine, Submission};
+use support::{config, greedy, model, next_is_token};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// The size of the first allocation counted, to name the culprit.
+static FIRST_SIZE: AtomicUsize = AtomicUsize::new(0);
+
+fn count(layout: Layout) {
+    if COUNTING.load(Ordering::Relaxed) && ALLOCS.fetch_add(1, Ordering::Relaxed) == 0 {
+        FIRST_SIZE.store(layout.size(), Ordering::Relaxed);
+    }
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout);
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(layout);
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Takes `n` tokens from each submission, in turn.
+fn take_tokens(subs: &mut [Submission], n: usize) {
+    for _ in 0..n {
+        for sub in subs.iter_mut() {
+            assert!(next_is_token(sub), "the request ended early");
+        }
+    }
+}
+
+#[test]
+fn decoding_steps_of_a_batch_do_not_allocate() {
+    let (model, tok) = model();
+    let engine = Engine::start(model, tok.eog_ids().to_vec(), config()).unwrap();
+    let prompts = ["Tell me a long story about a dragon.", "List the planets.", "Write a poem about rain.", "Explain tides."];
+    let mut subs: Vec<Submission> = prompts
+        .iter()
+        .map(|p| {
+            let mut request = greedy(tok.encode(p, false, true), 400);
+            request.ignore_eos = true;
+            engine.submit(request).unwrap()
+        })
+        .collect();
+    // Warm up: every request admitted, prompts done, channels and buffers at size.
+    take_tokens(&mut subs, 60);
+    COUNTING.store(true, Ordering::SeqCst);
+    take_tokens(&mut subs, 200);
+    COUNTING.store(false, Ordering::SeqCst);
+    let allocs = ALLOCS.load(Ordering::SeqCst);
+    assert_eq!(allocs, 0, "{allocs} allocations over 200 steps of 4 sequences; the first of {} bytes", FIRST_SIZE.load(Ordering::SeqCst));
+}
