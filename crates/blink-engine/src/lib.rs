@@ -34,6 +34,12 @@ pub enum EngineError {
     /// A cache or buffer sized from the user's options could not be had.
     #[error("no memory for {what} of {tokens} tokens ({reason})")]
     NoMemory { what: &'static str, tokens: usize, reason: String },
+    /// The compute threads could not be started.
+    #[error(transparent)]
+    Threads(blink_model::ModelError),
+    /// The engine's own thread could not be started.
+    #[error("could not start the engine thread: {0}")]
+    Spawn(std::io::Error),
     #[error(transparent)]
     Forward(ForwardError),
     #[error(transparent)]

@@ -102,8 +102,7 @@ impl<'m> Session<'m> {
         kv.reserve(seq, n_ctx).expect("a fresh cache holds its own size");
         Ok(Session {
             model,
-            // The model validated its placement when it was built, so its pool builds.
-            pool: model.pool(cfg.n_threads).expect("a pool for the model's placement"),
+            pool: model.pool(cfg.n_threads).map_err(EngineError::Threads)?,
             scratch,
             kv,
             seq,

@@ -2,7 +2,7 @@
 use blink_kernels::numa::{NodePool, Topology};
 use blink_kernels::pool::ThreadPool;
 fn main() {
-    let pool = ThreadPool::new(2);
+    let pool = ThreadPool::new(2).unwrap();
     let t = std::time::Instant::now();
     for _ in 0..10000 { pool.run(|_| {}); }
     println!("thread pool run: {:.2} us", t.elapsed().as_secs_f64() * 1e6 / 10000.0);

@@ -10,9 +10,9 @@ use crate::pool::{SharedMut, ThreadPool};
 const LEN: usize = 16 << 20;
 
 /// Best-of-several triad bandwidth in GB/s (10^9 bytes), counting the two reads and the
-/// write per element, as STREAM does.
-pub fn triad_gbs(threads: usize) -> f64 {
-    let pool = ThreadPool::new(threads.max(1));
+/// write per element, as STREAM does. Fails only if the threads cannot be started.
+pub fn triad_gbs(threads: usize) -> std::io::Result<f64> {
+    let pool = ThreadPool::new(threads.max(1))?;
     let mut a = vec![0f32; LEN];
     let b = vec![1f32; LEN];
     let c = vec![2f32; LEN];
@@ -31,5 +31,5 @@ pub fn triad_gbs(threads: usize) -> f64 {
         best = best.min(start.elapsed().as_secs_f64());
     }
     std::hint::black_box(&a);
-    (3 * LEN * 4) as f64 / best / 1e9
+    Ok((3 * LEN * 4) as f64 / best / 1e9)
 }

@@ -10,6 +10,7 @@
 //! runs other work on the calling thread, then waits (briefly spinning, then asleep).
 
 use std::cell::UnsafeCell;
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -132,24 +133,24 @@ impl ThreadPool {
     /// A pool of `n_threads` threads in all (the caller counts as one). When the process
     /// may use at least that many CPUs, thread `i` is pinned to the `i`-th of them (the
     /// caller at its first `run`); `BLINK_NO_PIN=1` turns pinning off.
-    pub fn new(n_threads: usize) -> ThreadPool {
+    pub fn new(n_threads: usize) -> io::Result<ThreadPool> {
         let cpus = crate::affinity::allowed_cpus();
         let pin = std::env::var_os("BLINK_NO_PIN").is_none() && n_threads <= cpus.len();
         Self::with_affinity(n_threads, |i| pin.then(|| vec![cpus[i]]))
     }
 
     /// Like `new`, pinning thread `i` to the CPU set `cpus(i)` where the OS allows.
-    pub fn with_affinity(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>) -> ThreadPool {
+    pub fn with_affinity(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>) -> io::Result<ThreadPool> {
         Self::build(n_threads, cpus, true)
     }
 
     /// A pool of `n_threads` threads of its own (the caller is not one of them), thread
     /// `i` pinned to `cpus(i)` where the OS allows: for [`ThreadPool::run_beside`].
-    pub fn detached(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>) -> ThreadPool {
+    pub fn detached(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>) -> io::Result<ThreadPool> {
         Self::build(n_threads, cpus, false)
     }
 
-    fn build(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>, caller_works: bool) -> ThreadPool {
+    fn build(n_threads: usize, cpus: impl Fn(usize) -> Option<Vec<usize>>, caller_works: bool) -> io::Result<ThreadPool> {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             n_threads,
@@ -166,30 +167,27 @@ impl ThreadPool {
             finished_at: AtomicU64::new(0),
             started: Instant::now(),
         });
-        let first = usize::from(caller_works);
-        let handles = (first..n_threads)
-            .map(|tid| {
-                let shared = Arc::clone(&shared);
-                let cpus = cpus(tid);
-                std::thread::Builder::new()
-                    .name(format!("blink-compute-{tid}"))
-                    .spawn(move || {
-                        if let Some(cpus) = cpus {
-                            crate::affinity::pin_current_thread(&cpus);
-                        }
-                        worker_loop(&shared, tid)
-                    })
-                    .expect("failed to spawn a compute thread")
-            })
-            .collect();
         static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
-        ThreadPool {
+        let mut pool = ThreadPool {
             shared,
-            handles,
+            handles: Vec::with_capacity(n_threads),
             run_lock: Mutex::new(()),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             caller_cpus: if caller_works { cpus(0) } else { None },
+        };
+        for tid in usize::from(caller_works)..n_threads {
+            let shared = Arc::clone(&pool.shared);
+            let cpus = cpus(tid);
+            // On failure (a limit on threads, say), dropping the pool stops those started.
+            let handle = std::thread::Builder::new().name(format!("blink-compute-{tid}")).spawn(move || {
+                if let Some(cpus) = cpus {
+                    crate::affinity::pin_current_thread(&cpus);
+                }
+                worker_loop(&shared, tid)
+            })?;
+            pool.handles.push(handle);
         }
+        Ok(pool)
     }
 
     /// Threads in the pool, the caller included.
@@ -404,7 +402,7 @@ mod tests {
 
     #[test]
     fn a_detached_pool_computes_while_the_caller_works() {
-        let pool = ThreadPool::detached(3, |_| None);
+        let pool = ThreadPool::detached(3, |_| None).unwrap();
         let hits: Vec<AtomicU64> = (0..3).map(|_| AtomicU64::new(0)).collect();
         let caller = std::thread::current().id();
         for round in 0..500u64 {
@@ -435,7 +433,7 @@ mod tests {
 
     #[test]
     fn every_thread_runs_once_per_call() {
-        let pool = ThreadPool::new(4);
+        let pool = ThreadPool::new(4).unwrap();
         let hits: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
         for _ in 0..1000 {
             pool.run(|w| {
@@ -449,7 +447,7 @@ mod tests {
 
     #[test]
     fn barrier_orders_phases() {
-        let pool = ThreadPool::new(3);
+        let pool = ThreadPool::new(3).unwrap();
         let mut data = vec![0usize; 300];
         let shared = SharedMut::new(&mut data);
         pool.run(|w| {
@@ -481,7 +479,7 @@ mod tests {
 
     #[test]
     fn worker_panic_is_reported_to_caller() {
-        let pool = ThreadPool::new(2);
+        let pool = ThreadPool::new(2).unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pool.run(|w| {
                 if w.tid == 1 {

@@ -48,6 +48,9 @@ pub enum ModelError {
     BadTensor(String),
     #[error("cannot place the model in memory: {0}")]
     Placement(String),
+    /// The OS would not start the compute threads (a limit on threads or memory).
+    #[error("could not start a compute thread: {0}")]
+    Threads(std::io::Error),
     /// A cache or buffer could not be had (sized by the caller, so usually too large).
     #[error(transparent)]
     Memory(NumaError),
@@ -154,6 +157,9 @@ impl Model {
 
     fn build_pool(&self, threads: usize, detached: bool) -> Result<blink_kernels::numa::NodePool, ModelError> {
         let placement = if self.placement.numa { self.placement.clone() } else { Placement::flat(threads) };
-        placement.pool(detached).map_err(|e| ModelError::Placement(e.to_string()))
+        placement.pool(detached).map_err(|e| match e {
+            blink_kernels::numa::NumaError::Spawn(e) => ModelError::Threads(e),
+            e => ModelError::Placement(e.to_string()),
+        })
     }
 }

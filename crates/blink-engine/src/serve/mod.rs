@@ -111,7 +111,7 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("blink-engine".into())
             .spawn(move || sched.run())
-            .expect("failed to spawn the engine thread");
+            .map_err(EngineError::Spawn)?;
         Ok(Engine {
             shared: Arc::new(Shared {
                 commands: Mutex::new(tx),

@@ -49,8 +49,7 @@ impl Scheduler {
         let scratch = Scratch::try_new(&model, max_rows, cfg.max_running, cfg.max_seq_len.max(1), cfg.n_threads.max(1))
             .map_err(EngineError::no_memory("step buffers", max_rows))?;
         Ok(Scheduler {
-            // The model validated its placement when it was built, so its pool builds.
-            pool: model.detached_pool(cfg.n_threads.max(1)).expect("a pool for the model's placement"),
+            pool: model.detached_pool(cfg.n_threads.max(1)).map_err(EngineError::Threads)?,
             ctl: Control::new(cfg, commands, stats, occupancy, kv.n_blocks()),
             kv,
             scratch,

@@ -208,7 +208,8 @@ impl NodePool {
             } else {
                 ThreadPool::detached(seats.len(), cpus_of)
             }
-        };
+        }
+        .map_err(NumaError::Spawn)?;
         Ok(NodePool {
             pool,
             groups: nodes.iter().map(|_| Gate::new(spins)).collect(),

@@ -30,6 +30,9 @@ use std::path::PathBuf;
 /// Why a NUMA operation could not be done.
 #[derive(Debug, thiserror::Error)]
 pub enum NumaError {
+    /// The OS would not start another thread (a limit on threads or memory).
+    #[error("could not start a compute thread: {0}")]
+    Spawn(std::io::Error),
     /// A sysfs file was missing, unreadable or malformed.
     #[error("{}: {reason}", path.display())]
     Sysfs { path: PathBuf, reason: String },

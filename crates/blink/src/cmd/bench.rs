@@ -305,7 +305,7 @@ fn gen_speed(model: &Model, pool: &NodePool, at: &mut Depth, n: usize) -> CliRes
 fn report_bandwidth(model: &Model, threads: &[usize], rows: &[Row], json: bool) -> CliResult {
     let bytes = model.bytes_per_token() as f64;
     for &t in threads {
-        let gbs = blink_kernels::bandwidth::triad_gbs(t);
+        let gbs = blink_kernels::bandwidth::triad_gbs(t).map_err(|e| format!("bandwidth at {t} thread(s): {e}"))?;
         let bound = gbs * 1e9 / bytes;
         let out = format!(
             "bandwidth: {t} thread(s) {gbs:.1} GB/s (triad); decode reads {:.1} MB/token, so decode ≤ {bound:.0} tok/s",
