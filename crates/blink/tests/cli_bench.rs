@@ -40,9 +40,12 @@ fn bench_reports_every_test_at_every_depth() {
 fn bench_reports_the_threads_that_ran() {
     // Two simulated NUMA nodes need a thread each, whatever -t asks for.
     let model = model_path();
-    let out = blink(&["bench", "-m", model.to_str().unwrap(), "-t", "1", "--numa-nodes", "2", "-p", "8", "-n", "0", "-r", "1", "--json"]);
+    let out = blink(&["bench", "-m", model.to_str().unwrap(), "-t", "1", "--numa-nodes", "2", "-p", "8", "-n", "4", "-r", "1", "--json", "--bandwidth"]);
     ok(&out);
     let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&out)).expect("a JSON array");
     assert_eq!(rows[0]["threads"], 2, "{rows:?}");
-    assert!(stderr(&out).contains("each of the 2 NUMA nodes needs a thread: running 2 threads"), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("each of the 2 NUMA nodes needs a thread: running 2 threads"), "{err}");
+    // The bandwidth bound is measured, and the decode row related to it, at what ran.
+    assert!(err.contains("bandwidth: 2 thread(s)") && err.contains("tg4 at 2 thread(s)"), "{err}");
 }

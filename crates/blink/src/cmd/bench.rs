@@ -151,7 +151,11 @@ pub fn main(args: Args) -> CliResult {
         outln!("{}", serde_json::to_string_pretty(&rows)?)?;
     }
     if args.bandwidth {
-        report_bandwidth(model, &threads, &rows, args.json)?;
+        // The thread counts that ran, which a tensor-parallel placement may have raised.
+        let mut ran: Vec<usize> = placed.iter().map(|&(t, _)| t).collect();
+        ran.sort_unstable();
+        ran.dedup();
+        report_bandwidth(model, &ran, &rows, args.json)?;
     }
     for (t, lines) in placed {
         for line in lines {
