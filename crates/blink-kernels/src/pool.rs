@@ -135,7 +135,7 @@ impl ThreadPool {
     /// caller at its first `run`); `BLINK_NO_PIN=1` turns pinning off.
     pub fn new(n_threads: usize) -> io::Result<ThreadPool> {
         let cpus = crate::affinity::allowed_cpus();
-        let pin = std::env::var_os("BLINK_NO_PIN").is_none() && n_threads <= cpus.len();
+        let pin = n_threads <= cpus.len();
         Self::with_affinity(n_threads, |i| pin.then(|| vec![cpus[i]]))
     }
 
