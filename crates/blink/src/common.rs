@@ -215,7 +215,14 @@ impl NumaArgs {
             (Some(_), None) => Ok(Placement::tensor_parallel(Topology::detect(), threads)),
             (None, None) => {
                 let topology = Topology::detect();
-                Ok(if topology.n_nodes() > 1 { Placement::tensor_parallel(topology, threads) } else { Placement::flat(threads) })
+                let nodes = topology.n_nodes();
+                if nodes > blink_model::forward::MAX_PARTS {
+                    eprintln!(
+                        "note: {nodes} NUMA nodes, more than the {} parts tensor parallelism splits a model into: running on one flat pool",
+                        blink_model::forward::MAX_PARTS
+                    );
+                }
+                Ok(if (2..=blink_model::forward::MAX_PARTS).contains(&nodes) { Placement::tensor_parallel(topology, threads) } else { Placement::flat(threads) })
             }
         }
     }
