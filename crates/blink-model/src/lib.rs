@@ -88,12 +88,31 @@ impl Model {
             .collect();
         let used = weights::Used::default();
         let rope_freqs = Loader::new(&file, isa, Home::Shared, &used).rope_freqs(&cfg)?;
-        let parts = plan
-            .parts
-            .iter()
-            .zip(&homes)
-            .map(|(part, &home)| Weights::load(&Loader::new(&file, isa, home, &used), &cfg, part))
-            .collect::<Result<Vec<_>, ModelError>>()?;
+        let load = |part: &placement::Part, home: Home| Weights::load(&Loader::new(&file, isa, home, &used), &cfg, part);
+        let parts = if placement.numa {
+            // Each node's part is loaded by a thread on that node, all at once: its pages
+            // are first touched there, so they are local even where binding is refused
+            // (a container without the right to call mbind, a node without memory).
+            std::thread::scope(|scope| {
+                let loads = plan
+                    .parts
+                    .iter()
+                    .zip(&homes)
+                    .enumerate()
+                    .map(|(node, (part, &home))| {
+                        let cpus = &placement.topology.nodes()[node].cpus;
+                        std::thread::Builder::new().name(format!("blink-load-{node}")).spawn_scoped(scope, move || {
+                            blink_kernels::affinity::pin_current_thread(cpus);
+                            load(part, home)
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(ModelError::Threads)?;
+                loads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect::<Result<Vec<_>, _>>()
+            })?
+        } else {
+            plan.parts.iter().zip(&homes).map(|(part, &home)| load(part, home)).collect::<Result<Vec<_>, _>>()?
+        };
         used.check_all(&file)?;
         weights::release_copied(&file, &parts);
         let rope = Rope::new(&cfg.rope, rope_freqs);

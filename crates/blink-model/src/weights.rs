@@ -6,10 +6,9 @@
 //! so the forward pass never reads another node's memory. Every shape and type the
 //! forward pass relies on is checked here, so the forward pass itself never has to.
 
-use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ops::{Deref, Range};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use blink_gguf::{GgmlType, GgufFile, TensorInfo};
 use blink_kernels::cpu::Isa;
@@ -152,12 +151,12 @@ pub(crate) struct Loader<'a> {
 /// The names of the tensors the loaders read, so that a tensor none of them reads (a bias
 /// or a feature this engine lacks) is refused rather than silently left out.
 #[derive(Default)]
-pub(crate) struct Used(RefCell<HashSet<String>>);
+pub(crate) struct Used(Mutex<HashSet<String>>);
 
 impl Used {
     /// Refuse `file` if it holds a tensor no loader read (llama.cpp refuses such a file too).
     pub(crate) fn check_all(&self, file: &GgufFile) -> Result<(), ModelError> {
-        let used = self.0.borrow();
+        let used = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match file.tensors().iter().find(|t| !used.contains(&t.name)) {
             Some(t) => Err(ModelError::Unsupported(format!("tensor '{}', which this engine does not use (a feature of the model it lacks)", t.name))),
             None => Ok(()),
@@ -176,7 +175,7 @@ impl<'a> Loader<'a> {
 
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
         let info = self.file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        self.used.0.borrow_mut().insert(name.to_string());
+        self.used.0.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
         Ok(info)
     }
 
