@@ -1,8 +1,9 @@
 //! Memory that lives on one NUMA node.
 //!
 //! A [`NodeBuffer`] is an anonymous, page-aligned mapping of zeroed elements. On a topology
-//! read from sysfs its range is bound to the node with `mbind(MPOL_BIND)` before any page
-//! exists, so every page faults in on that node whoever touches it. Binding needs no
+//! read from sysfs its range is bound to the node with `mbind(MPOL_PREFERRED)` before any
+//! page exists, so every page faults in on that node whoever touches it, while the node has
+//! memory (past that, on another node rather than ending the process). Binding needs no
 //! privilege, but containers often forbid the call; the buffer is then unbound
 //! ([`NodeBuffer::binding`] says why) and pages land where they are first touched, which is
 //! why [`NodeBuffer::first_touch_in`] has the node's own pinned threads fault them in.
@@ -36,7 +37,7 @@ unsafe impl<T: Zeroable, const N: usize> Zeroable for [T; N] {}
 /// Whether a buffer's pages are bound to its node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Binding {
-    /// `mbind(MPOL_BIND)` succeeded: every page is allocated on the node.
+    /// `mbind(MPOL_PREFERRED)` succeeded: pages are allocated on the node while it has room.
     Bound,
     /// Not attempted: the topology is simulated or a fallback, the OS is not Linux, or the
     /// buffer has no pages.

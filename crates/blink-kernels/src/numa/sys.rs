@@ -9,7 +9,9 @@ pub(crate) use imp::*;
 mod imp {
     use std::ptr::NonNull;
 
-    const MPOL_BIND: libc::c_int = 2;
+    /// Allocate on the node while it has memory, elsewhere after (`MPOL_BIND` would have the
+    /// OOM killer end the process when one node fills, however much the others hold).
+    const MPOL_PREFERRED: libc::c_int = 1;
     const MPOL_F_NODE: libc::c_ulong = 1;
     const MPOL_F_ADDR: libc::c_ulong = 2;
 
@@ -54,7 +56,7 @@ mod imp {
         unsafe { libc::madvise(p.cast(), bytes, libc::MADV_HUGEPAGE) == 0 }
     }
 
-    /// Bind `[p, p + bytes)` to `node` with `MPOL_BIND`; `Err(errno)` on failure.
+    /// Bind `[p, p + bytes)` to `node` with `MPOL_PREFERRED`; `Err(errno)` on failure.
     pub(crate) fn bind(p: *mut u8, bytes: usize, node: usize) -> Result<(), i32> {
         let bits = libc::c_ulong::BITS as usize;
         let mut mask: Vec<libc::c_ulong> = vec![0; node / bits + 1];
@@ -68,7 +70,7 @@ mod imp {
                 libc::SYS_mbind,
                 p as libc::c_ulong,
                 bytes as libc::c_ulong,
-                MPOL_BIND,
+                MPOL_PREFERRED,
                 mask.as_ptr(),
                 maxnode,
                 0 as libc::c_uint,
