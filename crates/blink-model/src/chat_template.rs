@@ -5,7 +5,11 @@
 //! on, trailing newline dropped (jinja2's default), Python string/dict methods (`.strip()`,
 //! `.startswith()`, `.items()`, ...), `raise_exception(msg)`, `strftime_now(fmt)` and a `tojson`
 //! filter that writes JSON as Python's `json.dumps` does. Templates see `messages`,
-//! `add_generation_prompt`, `bos_token` and `eos_token`.
+//! `add_generation_prompt`, `bos_token` and `eos_token`, and what llama.cpp's server adds:
+//! `enable_thinking` (true) and `date_string` (today). `length` of an undefined value is 0
+//! and transformers' `{% generation %}` marks are read as plain blocks, as jinja2 and
+//! transformers do. A template that ignores a system message gets it at the head of the
+//! first user message, as llama.cpp's server gives it.
 //!
 //! Like llama.cpp, a template loaded from a GGUF file drops a leading BOS text when the tokenizer
 //! adds BOS itself (and a trailing EOS text when it adds EOS), so that the rendered prompt can be
@@ -84,6 +88,9 @@ pub struct ChatTemplate {
     eos_token: String,
     strip_bos: bool,
     strip_eos: bool,
+    /// Whether the template writes a system message's text; if not, `render` moves it
+    /// into the first user message.
+    system_role: bool,
 }
 
 impl ChatTemplate {
@@ -103,15 +110,25 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, join_continued_lines(&source)).map_err(|e| TemplateError::Syntax(describe(&e)))?;
-        Ok(ChatTemplate {
+        env.add_filter("length", length);
+        env.add_filter("count", length);
+        let compiled = plain_generation_blocks(&join_continued_lines(&source));
+        env.add_template_owned(NAME, compiled).map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        let mut tmpl = ChatTemplate {
             env,
             source,
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
             strip_bos: false,
             strip_eos: false,
-        })
+            system_role: true,
+        };
+        // As llama.cpp probes it: a template that fails on a system message, or leaves its
+        // text out, has no system role.
+        const NEEDLE: &str = "<System Needle>";
+        let probe = [ChatMessage::new("system", NEEDLE), ChatMessage::new("user", "Hey")];
+        tmpl.system_role = tmpl.render_as_is(&probe, false).is_ok_and(|text| text.contains(NEEDLE));
+        Ok(tmpl)
     }
 
     /// The template in `tokenizer.chat_template`, or `Ok(None)` when the file has none.
@@ -150,6 +167,7 @@ impl ChatTemplate {
             eos_token: String::new(),
             strip_bos: false,
             strip_eos: false,
+            system_role: true,
         })
     }
 
@@ -195,12 +213,22 @@ impl ChatTemplate {
 
     /// Renders `messages`; `add_generation_prompt` appends the opening of the assistant's turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        if self.system_role {
+            self.render_as_is(messages, add_generation_prompt)
+        } else {
+            self.render_as_is(&system_into_user(messages), add_generation_prompt)
+        }
+    }
+
+    fn render_as_is(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
         let tmpl = self.env.get_template(NAME).map_err(|e| TemplateError::Render(describe(&e)))?;
         let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
+            enable_thinking => true,
+            date_string => strftime_now("%d %b %Y".into()),
         };
         let mut out = Capped(Vec::new());
         tmpl.render_captured_to(ctx, &mut out).map_err(|e| match e.kind() {
@@ -217,6 +245,73 @@ impl ChatTemplate {
         }
         Ok(out)
     }
+}
+
+/// `messages` for a template without a system role, as llama.cpp's server passes them:
+/// system texts join (by newlines) the head of the next user message, or become a user
+/// message of their own when another role or the end comes first.
+fn system_into_user(messages: &[ChatMessage]) -> Vec<ChatMessage> {
+    let mut out = Vec::with_capacity(messages.len());
+    let mut pending: Option<String> = None;
+    for m in messages {
+        if m.role == "system" {
+            match &mut pending {
+                Some(p) => {
+                    p.push('\n');
+                    p.push_str(&m.content);
+                }
+                None => pending = Some(m.content.clone()),
+            }
+            continue;
+        }
+        let mut m = m.clone();
+        if let Some(system) = pending.take() {
+            if m.role == "user" {
+                m.content = if m.content.is_empty() { system } else { format!("{system}\n{}", m.content) };
+            } else {
+                out.push(ChatMessage::new("user", system));
+            }
+        }
+        out.push(m);
+    }
+    out.extend(pending.map(|system| ChatMessage::new("user", system)));
+    out
+}
+
+/// `source` with transformers' `{% generation %}`/`{% endgeneration %}` marks (which flag
+/// the assistant's text for training masks) turned into a block that always renders, as
+/// transformers renders them; their whitespace-control signs are kept.
+fn plain_generation_blocks(source: &str) -> String {
+    if !source.contains("generation") {
+        return source.to_string();
+    }
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            break;
+        };
+        let inner = tag[2..end].trim_start_matches(['-', '+']).trim_end_matches(['-', '+']).trim();
+        let keep = |word: &str| tag[..end + 2].replacen(inner, word, 1);
+        match inner {
+            "generation" => out.push_str(&keep("if true")),
+            "endgeneration" => out.push_str(&keep("endif")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `length` (and `count`), with jinja2's 0 for an undefined value.
+fn length(v: Value) -> Result<Value, Error> {
+    if v.is_undefined() {
+        return Ok(Value::from(0));
+    }
+    v.len().map(Value::from).ok_or_else(|| Error::new(ErrorKind::InvalidOperation, format!("cannot calculate length of value of type {}", v.kind())))
 }
 
 /// `source` with every backslash-newline inside a string literal of a tag removed: jinja2

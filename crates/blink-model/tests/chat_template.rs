@@ -1,5 +1,6 @@
 //! Chat templates: the default model's template against llama.cpp's rendered prompts, and
-//! Llama 3 / ChatML style templates written here.
+//! Llama 3 / ChatML style templates written here, and Gemma / Phi-3 templates (no system
+//! role) against llama.cpp's own expected prompts.
 
 use std::path::PathBuf;
 
@@ -238,4 +239,54 @@ fn a_final_assistant_message_is_continued() {
     assert!(tok.decode(&continued, true).ends_with("<|im_start|>assistant\nThe capital of France is"));
     let twice = [question[0].clone(), msg("assistant", "Paris."), msg("assistant", prefix)];
     assert!(matches!(tmpl.prompt_tokens(&tok, &twice), Err(TemplateError::Render(_))));
+}
+
+/// The conversation llama.cpp's `test-chat-template.cpp` renders with every template.
+fn llama_cpp_conversation() -> Vec<ChatMessage> {
+    vec![
+        msg("system", "You are a helpful assistant"),
+        msg("user", "Hello"),
+        msg("assistant", "Hi there"),
+        msg("user", "Who are you"),
+        msg("assistant", "   I am an assistant   "),
+        msg("user", "Another question"),
+    ]
+}
+
+#[test]
+fn templates_without_a_system_role_get_it_in_the_first_user_message() {
+    // Templates and expected prompts from llama.cpp's test-chat-template.cpp (its Jinja
+    // path): Gemma refuses a system message, Phi-3-mini leaves it out.
+    let gemma = r#"{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"#;
+    let gemma_expected = "<start_of_turn>user\nYou are a helpful assistant\nHello<end_of_turn>\n<start_of_turn>model\nHi there<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model\nI am an assistant<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n<start_of_turn>model\n";
+    let phi3 = "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}{% endif %}{% endfor %}";
+    let phi3_expected = "<|user|>\nYou are a helpful assistant\nHello<|end|>\n<|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n<|assistant|>\n   I am an assistant   <|end|>\n<|user|>\nAnother question<|end|>\n<|assistant|>\n";
+    for (source, expected) in [(gemma, gemma_expected), (phi3, phi3_expected)] {
+        let t = ChatTemplate::new(source, "", "").unwrap();
+        assert_eq!(t.render(&llama_cpp_conversation(), true).unwrap(), expected);
+    }
+    // A system message with no user message after it becomes one.
+    let t = ChatTemplate::new(gemma, "", "").unwrap();
+    assert_eq!(t.render(&[msg("system", "Be brief.")], true).unwrap(), "<start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>model\n");
+    // A template with a system role gets the conversation as it is.
+    let chatml = ChatTemplate::chatml().render(&llama_cpp_conversation(), false).unwrap();
+    assert!(chatml.starts_with("<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>"), "{chatml}");
+}
+
+#[test]
+fn templates_see_what_llama_cpp_and_jinja2_give_them() {
+    let render = |source: &str| ChatTemplate::new(source, "", "").unwrap().render(&[msg("user", "Hi")], true).unwrap();
+    // llama.cpp's server passes enable_thinking (true) and today's date_string.
+    assert_eq!(render("{% if enable_thinking is true %}thinking{% endif %}"), "thinking");
+    let date = render("{{ date_string }}");
+    let parts: Vec<&str> = date.split(' ').collect();
+    let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    assert!(parts.len() == 3 && parts[0].len() == 2 && months.contains(&parts[1]) && parts[2].len() == 4, "{date}");
+    // jinja2's length of an undefined value is 0 (Apriel's and DeepSeek V3.2's templates
+    // rely on it), and transformers' generation marks render their content.
+    assert_eq!(render("{% if tools is not none and tools|length > 0 %}tools{% endif %}{{ tools|count }}"), "0");
+    assert_eq!(render("{{ messages|length }}"), "1");
+    assert!(ChatTemplate::new("{{ 5|length }}", "", "").unwrap().render(&[], false).is_err());
+    let marked = "{% for m in messages %}{%- generation -%}\n[{{ m.content }}]\n{%- endgeneration %}{% endfor %}";
+    assert_eq!(render(marked), "[Hi]");
 }
