@@ -507,23 +507,48 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     if indent.is_some_and(|n| n > MAX_JSON_INDENT) {
         return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: an indent above {MAX_JSON_INDENT}")));
     }
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    // Python's defaults: (", ", ": "), or ("," ": ") with an indent.
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let (item_sep, key_sep) = match separators.as_deref() {
+        None => (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string()),
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")),
+    };
+    let style = JsonStyle {
+        indent,
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+        item_sep,
+        key_sep,
+    };
+    kwargs.assert_all_used()?;
     let mut out = String::new();
-    write_json(&value, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
+    write_json(&value, &style, 0, &mut out)?;
     Ok(Value::from(out))
 }
 
-fn write_json(v: &Value, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) -> Result<(), Error> {
+/// How `tojson` writes, as Python's `json.dumps` arguments say.
+struct JsonStyle {
+    indent: Option<usize>,
+    sort_keys: bool,
+    /// `ensure_ascii`: non-ASCII characters as `\uXXXX` escapes (off by default, as in
+    /// transformers).
+    ascii: bool,
+    item_sep: String,
+    key_sep: String,
+}
+
+fn write_json(v: &Value, style: &JsonStyle, depth: usize, out: &mut String) -> Result<(), Error> {
     if depth > MAX_JSON_DEPTH {
         return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: a value nested deeper than {MAX_JSON_DEPTH}")));
     }
     let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
+        if let Some(n) = style.indent {
             out.push('\n');
             out.extend(std::iter::repeat_n(' ', n * depth));
         }
     };
-    let item_sep = if indent.is_some() { "," } else { ", " };
+    let item_sep = style.item_sep.as_str();
     match v.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -549,14 +574,14 @@ fn write_json(v: &Value, indent: Option<usize>, sort: bool, depth: usize, out: &
                     out.push_str(item_sep);
                 }
                 newline(out, depth + 1);
-                write_json(item, indent, sort, depth + 1, out)?;
+                write_json(item, style, depth + 1, out)?;
             }
             newline(out, depth);
             out.push(']');
         }
         ValueKind::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
-            if sort {
+            if style.sort_keys {
                 keys.sort();
             }
             if keys.is_empty() {
@@ -570,20 +595,21 @@ fn write_json(v: &Value, indent: Option<usize>, sort: bool, depth: usize, out: &
                 }
                 newline(out, depth + 1);
                 let name = key.as_str().map(str::to_owned).unwrap_or_else(|| key.to_string());
-                write_json_str(&name, out);
-                out.push_str(": ");
-                write_json(&v.get_item(key)?, indent, sort, depth + 1, out)?;
+                write_json_str(&name, style.ascii, out);
+                out.push_str(&style.key_sep);
+                write_json(&v.get_item(key)?, style, depth + 1, out)?;
             }
             newline(out, depth);
             out.push('}');
         }
-        _ => write_json_str(&v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()), out),
+        _ => write_json_str(&v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()), style.ascii, out),
     }
     Ok(())
 }
 
-/// A JSON string literal; non-ASCII characters are kept (`ensure_ascii=False`).
-fn write_json_str(s: &str, out: &mut String) {
+/// A JSON string literal; non-ASCII characters are kept unless `ascii` (`ensure_ascii`)
+/// asks for escapes (UTF-16 units, as Python writes them).
+fn write_json_str(s: &str, ascii: bool, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -595,6 +621,11 @@ fn write_json_str(s: &str, out: &mut String) {
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
             c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if ascii && !c.is_ascii() => {
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
             c => out.push(c),
         }
     }

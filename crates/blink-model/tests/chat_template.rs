@@ -290,3 +290,14 @@ fn templates_see_what_llama_cpp_and_jinja2_give_them() {
     let marked = "{% for m in messages %}{%- generation -%}\n[{{ m.content }}]\n{%- endgeneration %}{% endfor %}";
     assert_eq!(render(marked), "[Hi]");
 }
+
+#[test]
+fn tojson_takes_json_dumps_arguments() {
+    let render = |source: &str| ChatTemplate::new(source, "", "").unwrap().render(&[], false);
+    // What Python's json.dumps writes for the same arguments.
+    assert_eq!(render("{{ {'a': [1, 'é']} | tojson(separators=(',', ':')) }}").unwrap(), r#"{"a":[1,"é"]}"#);
+    assert_eq!(render("{{ 'é😀' | tojson(ensure_ascii=true) }}").unwrap(), r#""\u00e9\ud83d\ude00""#);
+    assert_eq!(render("{{ 'é' | tojson(ensure_ascii=false) }}").unwrap(), r#""é""#);
+    assert!(render("{{ [1] | tojson(separators=(',',)) }}").is_err());
+    assert!(render("{{ [1] | tojson(bogus=1) }}").is_err());
+}
