@@ -39,6 +39,22 @@ impl Placement {
         Placement { topology, threads: per_node, numa: true }
     }
 
+    /// The placement when none is asked for: tensor parallel on a machine of 2 to
+    /// [`MAX_PARTS`](crate::forward::MAX_PARTS) nodes, else one flat pool, with a note
+    /// when there are more nodes than parts.
+    pub fn automatic(topology: Topology, threads: usize) -> (Placement, Option<String>) {
+        let nodes = topology.n_nodes();
+        let max = crate::forward::MAX_PARTS;
+        match nodes {
+            2.. if nodes <= max => (Placement::tensor_parallel(topology, threads), None),
+            1 => (Placement::flat(threads), None),
+            _ => (
+                Placement::flat(threads),
+                Some(format!("{nodes} NUMA nodes, more than the {max} parts tensor parallelism splits a model into: running on one flat pool")),
+            ),
+        }
+    }
+
     /// Nodes (parts) used.
     pub fn n_parts(&self) -> usize {
         self.threads.len()
@@ -155,6 +171,33 @@ pub fn proportional(n: usize, weights: &[usize], align: usize) -> Vec<Range<usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sysfs node directory of `n` nodes with a CPU each, as the kernel lays it out.
+    fn sysfs_of(n: usize) -> (std::path::PathBuf, Vec<usize>) {
+        let root = std::env::temp_dir().join(format!("blink-placement-{n}-{}", std::process::id()));
+        for node in 0..n {
+            let dir = root.join(format!("node{node}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("cpulist"), format!("{node}\n")).unwrap();
+            let distances: Vec<String> = (0..n).map(|other| if other == node { "10" } else { "20" }.to_string()).collect();
+            std::fs::write(dir.join("distance"), distances.join(" ") + "\n").unwrap();
+        }
+        (root, (0..n).collect())
+    }
+
+    #[test]
+    fn the_automatic_placement_splits_over_up_to_max_parts_nodes() {
+        for (nodes, tensor_parallel, noted) in [(1, false, false), (2, true, false), (16, true, false), (24, false, true)] {
+            let (root, cpus) = sysfs_of(nodes);
+            let topology = Topology::from_sysfs(&root, &cpus);
+            std::fs::remove_dir_all(&root).unwrap();
+            let (placement, note) = Placement::automatic(topology.unwrap(), nodes);
+            assert_eq!((placement.numa, note.is_some()), (tensor_parallel, noted), "{nodes} nodes: {note:?}");
+            if tensor_parallel {
+                assert_eq!(placement.n_parts(), nodes);
+            }
+        }
+    }
 
     #[test]
     fn proportional_splits_cover_everything_once() {

@@ -214,15 +214,11 @@ impl NumaArgs {
             (Some("off"), None) => Ok(Placement::flat(threads)),
             (Some(_), None) => Ok(Placement::tensor_parallel(Topology::detect(), threads)),
             (None, None) => {
-                let topology = Topology::detect();
-                let nodes = topology.n_nodes();
-                if nodes > blink_model::forward::MAX_PARTS {
-                    eprintln!(
-                        "note: {nodes} NUMA nodes, more than the {} parts tensor parallelism splits a model into: running on one flat pool",
-                        blink_model::forward::MAX_PARTS
-                    );
+                let (placement, note) = Placement::automatic(Topology::detect(), threads);
+                if let Some(note) = note {
+                    eprintln!("note: {note}");
                 }
-                Ok(if (2..=blink_model::forward::MAX_PARTS).contains(&nodes) { Placement::tensor_parallel(topology, threads) } else { Placement::flat(threads) })
+                Ok(placement)
             }
         }
     }
