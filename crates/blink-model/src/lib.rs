@@ -100,7 +100,7 @@ impl Model {
                     .zip(&homes)
                     .enumerate()
                     .map(|(node, (part, &home))| {
-                        let cpus = &placement.topology.nodes()[node].cpus;
+                        let cpus = placement.topology.nodes().get(node).map_or(&[][..], |n| &n.cpus[..]);
                         std::thread::Builder::new().name(format!("blink-load-{node}")).spawn_scoped(scope, move || {
                             blink_kernels::affinity::pin_current_thread(cpus);
                             load(part, home)
