@@ -307,11 +307,11 @@ fn plain_generation_blocks(source: &str) -> String {
 }
 
 /// `length` (and `count`), with jinja2's 0 for an undefined value.
-fn length(v: Value) -> Result<Value, Error> {
+fn length(v: Value) -> Result<usize, Error> {
     if v.is_undefined() {
-        return Ok(Value::from(0));
+        return Ok(0);
     }
-    v.len().map(Value::from).ok_or_else(|| Error::new(ErrorKind::InvalidOperation, format!("cannot calculate length of value of type {}", v.kind())))
+    minijinja::filters::length(&v)
 }
 
 /// `source` with every backslash-newline inside a string literal of a tag removed: jinja2
