@@ -78,7 +78,7 @@ pub fn perplexity(
             rows.clear();
             rows.extend((start..end).map(|pos| {
                 let token = if pos == 0 { cfg.bos.unwrap_or(toks[0]) } else { toks[pos] };
-                StepRow { token, pos, seq, logits: pos >= first && pos + 1 < ctx }
+                StepRow::prompt(token, pos, seq).with_logits(pos >= first && pos + 1 < ctx)
             }));
             model.forward(&pool, &mut kv, &rows, &mut scratch).map_err(EngineError::Forward)?;
             for (i, pos) in (start..end).filter(|&p| p >= first && p + 1 < ctx).enumerate() {

@@ -161,12 +161,7 @@ impl<'m> Session<'m> {
         let start = self.tokens.len();
         let (seq, n) = (self.seq, tokens.len());
         self.rows.clear();
-        self.rows.extend(tokens.iter().enumerate().map(|(i, &token)| StepRow {
-            token,
-            pos: start + i,
-            seq,
-            logits: logits_for_last && i + 1 == n,
-        }));
+        self.rows.extend(tokens.iter().enumerate().map(|(i, &token)| StepRow::prompt(token, start + i, seq).with_logits(logits_for_last && i + 1 == n)));
         self.model.forward(&self.pool, &mut self.kv, &self.rows, &mut self.scratch).map_err(|e| match e {
             ForwardError::BadToken { token, vocab } => EngineError::BadToken { token, vocab },
             other => EngineError::Forward(other),

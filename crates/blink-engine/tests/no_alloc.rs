@@ -59,7 +59,7 @@ fn decode_steps_and_sampling_do_not_allocate() {
     let mut rows: Vec<StepRow> = Vec::with_capacity(batch);
     let mut step = |pos: usize, kv: &mut blink_model::KvCache, scratch: &mut Scratch, tokens: &mut Vec<u32>, samplers: &mut Vec<Sampler>| {
         rows.clear();
-        rows.extend(seqs.iter().zip(tokens.iter()).map(|(&seq, &token)| StepRow { token, pos, seq, logits: true }));
+        rows.extend(seqs.iter().zip(tokens.iter()).map(|(&seq, &token)| StepRow::decode(token, pos, seq)));
         model.forward(&pool, kv, &rows, scratch).unwrap();
         for (i, t) in tokens.iter_mut().enumerate() {
             *t = samplers[i].sample(scratch.logits_mut(i));

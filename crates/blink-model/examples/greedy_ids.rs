@@ -10,7 +10,7 @@ fn main() {
     let mut kv = model.new_kv_cache(512, KvType::F16);
     let seq = kv.new_seq();
     let mut scratch = Scratch::new(&model, 64, 1, 512, 2);
-    let rows: Vec<StepRow> = prompt.iter().enumerate().map(|(i, &t)| StepRow { token: t, pos: i, seq, logits: i + 1 == prompt.len() }).collect();
+    let rows: Vec<StepRow> = prompt.iter().enumerate().map(|(i, &t)| StepRow::prompt(t, i, seq).with_logits(i + 1 == prompt.len())).collect();
     let t0 = std::time::Instant::now();
     model.forward(&pool, &mut kv, &rows, &mut scratch).unwrap();
     let t_prompt = t0.elapsed();
@@ -25,7 +25,7 @@ fn main() {
         let mut best = 0;
         for (j, &v) in l.iter().enumerate() { if v > l[best] { best = j; } }
         out.push(best as u32);
-        let row = StepRow { token: best as u32, pos: prompt.len() + i, seq, logits: true };
+        let row = StepRow::decode(best as u32, prompt.len() + i, seq);
         model.forward(&pool, &mut kv, &[row], &mut scratch).unwrap();
     }
     eprintln!("prompt {:?}, gen {:.1} tok/s", t_prompt, n as f64 / t1.elapsed().as_secs_f64());

@@ -26,7 +26,7 @@ use thiserror::Error;
 
 pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
 pub use config::{Arch, ModelConfig};
-pub use forward::{ForwardError, Scratch, StepRow};
+pub use forward::{AdapterSlot, ForwardError, RowKind, Scratch, Step, StepInput, StepOutput, StepRow};
 pub use kv_cache::{KvCache, KvType, SeqId};
 pub use rope::Rope;
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};

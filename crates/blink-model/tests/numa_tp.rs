@@ -25,7 +25,7 @@ fn greedy(model: &Model, threads: usize, prompt: &[u32], n: usize) -> (Vec<u32>,
     let mut kv = model.new_kv_cache(256, KvType::F16);
     let seq = kv.new_seq();
     let mut scratch = Scratch::new(model, 64, 1, 256, threads);
-    let rows: Vec<StepRow> = prompt.iter().enumerate().map(|(pos, &token)| StepRow { token, pos, seq, logits: pos + 1 == prompt.len() }).collect();
+    let rows: Vec<StepRow> = prompt.iter().enumerate().map(|(pos, &token)| StepRow::prompt(token, pos, seq).with_logits(pos + 1 == prompt.len())).collect();
     model.forward(&pool, &mut kv, &rows, &mut scratch).unwrap();
     let (mut tokens, mut all) = (Vec::new(), Vec::new());
     for i in 0..n {
@@ -33,7 +33,7 @@ fn greedy(model: &Model, threads: usize, prompt: &[u32], n: usize) -> (Vec<u32>,
         let t = blink_model_argmax(&logits);
         all.push(logits);
         tokens.push(t);
-        let row = StepRow { token: t, pos: prompt.len() + i, seq, logits: true };
+        let row = StepRow::decode(t, prompt.len() + i, seq);
         model.forward(&pool, &mut kv, &[row], &mut scratch).unwrap();
     }
     (tokens, all)

@@ -116,7 +116,7 @@ fn logits(model: &Model, threads: usize, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
     let rows: Vec<StepRow> = seqs
         .iter()
         .zip(&ids)
-        .flat_map(|(s, &seq)| s.iter().enumerate().map(move |(pos, &token)| StepRow { token, pos, seq, logits: true }))
+        .flat_map(|(s, &seq)| s.iter().enumerate().map(move |(pos, &token)| StepRow::prompt(token, pos, seq).with_logits(true)))
         .collect();
     model.forward(&pool, &mut kv, &rows, &mut scratch).unwrap();
     (0..total).map(|i| scratch.logits(i).to_vec()).collect()

@@ -339,7 +339,7 @@ impl Control {
             let n = (seq.n_prompt - seq.scheduled).min(budget);
             for pos in seq.scheduled..seq.scheduled + n {
                 let logits = pos + 1 == seq.n_prompt;
-                self.planned.push(StepRow { token: seq.tokens[pos], pos, seq: seq.kv, logits });
+                self.planned.push(StepRow::prompt(seq.tokens[pos], pos, seq.kv).with_logits(logits));
             }
             seq.scheduled += n;
             budget -= n;

@@ -133,7 +133,7 @@ impl Scheduler {
         self.rows.clear();
         for seq in &mut self.ctl.running {
             if let (Some(token), None) = (seq.next, seq.done) {
-                self.rows.push(StepRow { token, pos: seq.scheduled, seq: seq.kv, logits: true });
+                self.rows.push(StepRow::decode(token, seq.scheduled, seq.kv));
                 seq.scheduled += 1;
             }
         }

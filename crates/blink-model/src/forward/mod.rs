@@ -10,6 +10,7 @@
 
 mod pass;
 mod scratch;
+mod step;
 
 use blink_kernels::numa::NodePool;
 use thiserror::Error;
@@ -21,23 +22,15 @@ use crate::Model;
 
 pub use pass::MAX_PARTS;
 pub use scratch::Scratch;
-
-/// One token of one sequence in a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StepRow {
-    pub token: u32,
-    /// Position of the token in its sequence.
-    pub pos: usize,
-    pub seq: SeqId,
-    /// Whether this row's logits are wanted.
-    pub logits: bool,
-}
+pub use step::{AdapterSlot, RowKind, Step, StepInput, StepOutput, StepRow};
 
 /// Why a step could not run. Nothing has been computed when one is returned.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ForwardError {
     #[error("token id {token} is outside the vocabulary of {vocab}")]
     BadToken { token: u32, vocab: usize },
+    #[error("row {row} has no token, and the step's input is tokens")]
+    MissingToken { row: usize },
     #[error("sequence {seq}: position {pos} given where {expected} was expected")]
     BadPosition { seq: SeqId, pos: usize, expected: usize },
     #[error("context full: position {pos} is beyond the context size of {n_ctx} tokens")]
@@ -110,8 +103,10 @@ impl Model {
         scratch.logit_rows.clear();
         scratch.tables.clear();
         for (i, r) in rows.iter().enumerate() {
-            if r.token as usize >= vocab {
-                return Err(ForwardError::BadToken { token: r.token, vocab });
+            match r.token {
+                None => return Err(ForwardError::MissingToken { row: i }),
+                Some(token) if token as usize >= vocab => return Err(ForwardError::BadToken { token, vocab }),
+                Some(_) => {}
             }
             if r.pos >= scratch.max_ctx() {
                 return Err(ForwardError::ContextFull { pos: r.pos, n_ctx: scratch.max_ctx() });

@@ -310,7 +310,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         let me = self.view(w.node);
         let vocab = &me.part.vocab_rows;
         for r in w.share(self.rows.len(), 1) {
-            let token = self.rows[r].token as usize;
+            let token = self.rows[r].token.expect("checked: a tokens step has a token per row") as usize;
             if !vocab.contains(&token) {
                 continue;
             }

@@ -256,7 +256,7 @@ impl Depth {
             let tokens = random_tokens(model, depth, 100 + i as u64);
             for (c, chunk) in tokens.chunks(FILL_ROWS).enumerate() {
                 step.clear();
-                step.extend(chunk.iter().enumerate().map(|(j, &token)| StepRow { token, pos: c * FILL_ROWS + j, seq, logits: false }));
+                step.extend(chunk.iter().enumerate().map(|(j, &token)| StepRow::prompt(token, c * FILL_ROWS + j, seq)));
                 model.forward(pool, &mut kv, &step, &mut scratch)?;
             }
         }
@@ -279,7 +279,7 @@ fn prompt_speed(model: &Model, pool: &NodePool, at: &mut Depth, n: usize) -> Cli
     let rows: Vec<StepRow> = random_tokens(model, n, 1)
         .into_iter()
         .enumerate()
-        .map(|(i, token)| StepRow { token, pos: depth + i, seq, logits: i + 1 == n })
+        .map(|(i, token)| StepRow::prompt(token, depth + i, seq).with_logits(i + 1 == n))
         .collect();
     let start = Instant::now();
     model.forward(pool, &mut at.kv, &rows, &mut at.scratch)?;
@@ -296,7 +296,7 @@ fn gen_speed(model: &Model, pool: &NodePool, at: &mut Depth, n: usize) -> CliRes
     for i in 0..n {
         let pos = at.depth + i;
         rows.clear();
-        rows.extend(at.seqs.iter().zip(&tokens).map(|(&seq, &token)| StepRow { token, pos, seq, logits: true }));
+        rows.extend(at.seqs.iter().zip(&tokens).map(|(&seq, &token)| StepRow::decode(token, pos, seq)));
         model.forward(pool, &mut at.kv, &rows, &mut at.scratch)?;
         for (i, t) in tokens.iter_mut().enumerate() {
             *t = blink_engine::sampling::argmax(at.scratch.logits(i));
