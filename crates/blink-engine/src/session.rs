@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use blink_kernels::numa::NodePool;
 use blink_model::tokenizer::{StreamDecoder, Tokenizer};
-use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, SeqId, StepRow};
+use blink_model::{ForwardError, KvCache, KvType, Model, RowKind, Scratch, SeqId, StepRow};
 
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::{StopMatcher, StopScan};
@@ -144,7 +144,7 @@ impl<'m> Session<'m> {
         let rest = &prompt[keep..];
         for chunk in rest.chunks(self.n_batch) {
             let last = self.tokens.len() + chunk.len() == prompt.len();
-            self.eval(chunk, last)?;
+            self.eval(chunk, last, RowKind::Prompt)?;
         }
         Ok(rest.len())
     }
@@ -154,14 +154,14 @@ impl<'m> Session<'m> {
         if self.tokens.len() >= self.n_ctx {
             return Err(EngineError::ContextFull { n_ctx: self.n_ctx });
         }
-        self.eval(&[token], true)
+        self.eval(&[token], true, RowKind::Decode)
     }
 
-    fn eval(&mut self, tokens: &[u32], logits_for_last: bool) -> Result<(), EngineError> {
+    fn eval(&mut self, tokens: &[u32], logits_for_last: bool, kind: RowKind) -> Result<(), EngineError> {
         let start = self.tokens.len();
         let (seq, n) = (self.seq, tokens.len());
         self.rows.clear();
-        self.rows.extend(tokens.iter().enumerate().map(|(i, &token)| StepRow::prompt(token, start + i, seq).with_logits(logits_for_last && i + 1 == n)));
+        self.rows.extend(tokens.iter().enumerate().map(|(i, &token)| StepRow::prompt(token, start + i, seq).with_logits(logits_for_last && i + 1 == n).with_kind(kind)));
         self.model.forward(&self.pool, &mut self.kv, &self.rows, &mut self.scratch).map_err(|e| match e {
             ForwardError::BadToken { token, vocab } => EngineError::BadToken { token, vocab },
             other => EngineError::Forward(other),

@@ -151,6 +151,15 @@ impl Model {
 
     /// As `new_kv_cache`, reporting a failure to map or bind node memory.
     pub fn try_new_kv_cache(&self, tokens: usize, ty: KvType) -> Result<KvCache, ModelError> {
+        self.try_new_kv_cache_for(0..self.cfg.n_layers, tokens, ty)
+    }
+
+    /// A KV cache of `tokens` tokens holding only model layers `layers` (a window), split
+    /// like the model. Steps over other layers are refused with it.
+    pub fn try_new_kv_cache_for(&self, layers: std::ops::Range<usize>, tokens: usize, ty: KvType) -> Result<KvCache, ModelError> {
+        if layers.start > layers.end || layers.end > self.cfg.n_layers {
+            return Err(ModelError::Placement(format!("layers {layers:?} are not a window of the model's {} layers", self.cfg.n_layers)));
+        }
         let topology = &self.placement.topology;
         let shards: Vec<(usize, Option<(&blink_kernels::numa::Topology, usize)>)> = self
             .plan
@@ -159,7 +168,7 @@ impl Model {
             .enumerate()
             .map(|(node, p)| (p.kv_heads.len(), self.placement.numa.then_some((topology, node))))
             .collect();
-        KvCache::sharded(self.cfg.n_layers, &shards, self.cfg.head_dim, ty, KvCache::blocks_for(tokens)).map_err(ModelError::Memory)
+        KvCache::sharded(layers, &shards, self.cfg.head_dim, ty, KvCache::blocks_for(tokens)).map_err(ModelError::Memory)
     }
 
     /// A compute pool matching the model's placement (`threads` in all for a flat model);

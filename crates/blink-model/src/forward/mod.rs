@@ -1,7 +1,8 @@
 //! The batched forward pass.
 //!
-//! A step is a list of rows, each one token of one sequence at one position; prefill
-//! chunks, decode tokens of many sequences and (later) fine-tuning rows are all just rows.
+//! A step ([`Step`]) is a list of rows, each one token of one sequence at one position,
+//! over a range of layers; prefill chunks, decode tokens of many sequences, a ring
+//! device's window and (later) fine-tuning rows are all just steps.
 //! Every pool thread runs the whole pass (SPMD), splitting each phase by rows, heads or
 //! output features and meeting at barriers; nothing is allocated while it runs.
 //!
@@ -15,6 +16,7 @@ mod step;
 use blink_kernels::numa::NodePool;
 use thiserror::Error;
 
+use std::ops::Range;
 use std::time::Duration;
 
 use crate::kv_cache::{KvBlocks, KvCache, KvError, KvType, SeqId};
@@ -37,6 +39,12 @@ pub enum ForwardError {
     ContextFull { pos: usize, n_ctx: usize },
     #[error("step of {rows} rows ({logits} with logits) exceeds the scratch capacity of {max_rows} ({max_logits})")]
     TooManyRows { rows: usize, logits: usize, max_rows: usize, max_logits: usize },
+    #[error("layers {layers:?} are not a window of the model's {n_layers} layers")]
+    BadWindow { layers: Range<usize>, n_layers: usize },
+    #[error("the step runs layers {step:?} but the KV cache holds layers {cache:?}")]
+    WindowNotCached { step: Range<usize>, cache: Range<usize> },
+    #[error("{got} hidden-state values given for {rows} rows of {n_embd}")]
+    BadHidden { got: usize, rows: usize, n_embd: usize },
     #[error("the KV cache or scratch was built for a different model shape or placement")]
     CacheMismatch,
     #[error("the thread pool does not match the model's placement or the scratch's size")]
@@ -46,26 +54,15 @@ pub enum ForwardError {
 }
 
 impl Model {
-    /// Run one step. Each sequence's rows must continue it: positions `len, len+1, ...`
-    /// where `len` is what the cache holds for it. Logits of the rows that asked for them
-    /// are then in `scratch.logits(i)`, in row order.
-    pub fn forward(
-        &self,
-        pool: &NodePool,
-        kv: &mut KvCache,
-        rows: &[StepRow],
-        scratch: &mut Scratch,
-    ) -> Result<(), ForwardError> {
-        self.forward_beside(pool, kv, rows, scratch, |_| ()).map(|_| ())
+    /// Run `rows` through the whole model (tokens in, logits out). Each sequence's rows
+    /// must continue it: positions `len, len+1, ...` where `len` is what the cache holds
+    /// for it. Logits of the rows that asked for them are then in `scratch.logits(i)`, in
+    /// row order.
+    pub fn forward(&self, pool: &NodePool, kv: &mut KvCache, rows: &[StepRow], scratch: &mut Scratch) -> Result<(), ForwardError> {
+        self.step(pool, kv, &Step::whole(rows, self.cfg.n_layers), scratch)
     }
 
-    /// Run one step as [`Model::forward`] does, and meanwhile run `beside` on the calling
-    /// thread with the cache's bookkeeping: it may admit, grow or release sequences that
-    /// are not in this step (the pass reads the block tables as they were when the step
-    /// started). On a detached pool ([`NodePool::detached`]) the two overlap; otherwise
-    /// `beside` runs first. Returns its result and the pass's duration. On an error
-    /// nothing has run, `beside` included. Slot copies owed to sequences that attached a
-    /// cached prefix are made first.
+    /// [`Model::forward`] with work beside it (see [`Model::step_beside`]).
     pub fn forward_beside<R>(
         &self,
         pool: &NodePool,
@@ -74,44 +71,92 @@ impl Model {
         scratch: &mut Scratch,
         beside: impl FnOnce(&mut KvBlocks) -> R,
     ) -> Result<(R, Duration), ForwardError> {
+        self.step_beside(pool, kv, &Step::whole(rows, self.cfg.n_layers), scratch, beside)
+    }
+
+    /// Run one step: its rows over its layers, from its input to its output. The cache
+    /// must hold (at least) the step's layers; a window's cache holds only its own.
+    pub fn step(&self, pool: &NodePool, kv: &mut KvCache, step: &Step, scratch: &mut Scratch) -> Result<(), ForwardError> {
+        self.step_beside(pool, kv, step, scratch, |_| ()).map(|_| ())
+    }
+
+    /// Run one step as [`Model::step`] does, and meanwhile run `beside` on the calling
+    /// thread with the cache's bookkeeping: it may admit, grow or release sequences that
+    /// are not in this step (the pass reads the block tables as they were when the step
+    /// started). On a detached pool ([`NodePool::detached`]) the two overlap; otherwise
+    /// `beside` runs first. Returns its result and the pass's duration. On an error
+    /// nothing has run, `beside` included. Slot copies owed to sequences that attached a
+    /// cached prefix are made first.
+    pub fn step_beside<R>(
+        &self,
+        pool: &NodePool,
+        kv: &mut KvCache,
+        step: &Step,
+        scratch: &mut Scratch,
+        beside: impl FnOnce(&mut KvBlocks) -> R,
+    ) -> Result<(R, Duration), ForwardError> {
         kv.apply_copies();
         if pool.n_nodes() != self.parts.len() || (0..pool.n_nodes()).any(|n| pool.threads_in_node(n).unwrap_or(0) > scratch.n_threads()) {
             return Err(ForwardError::PoolMismatch);
         }
-        let shapes_match = kv.layouts().count() == self.parts.len()
-            && kv.layouts().zip(&self.plan.parts).all(|(l, p)| l.n_layers == self.cfg.n_layers && l.n_kv_heads == p.kv_heads.len());
+        let shapes_match = kv.layouts().count() == self.parts.len() && kv.layouts().zip(&self.plan.parts).all(|(l, p)| l.n_kv_heads == p.kv_heads.len());
         if !shapes_match || scratch.parts.len() != self.parts.len() {
             return Err(ForwardError::CacheMismatch);
         }
+        self.check_window(kv, step)?;
         let ty = kv.kv_type();
         let (blocks, shards) = kv.parts_mut();
-        self.check_and_reserve(blocks, rows, scratch)?;
-        if rows.is_empty() {
+        self.check_and_reserve(blocks, step, scratch)?;
+        if step.rows.is_empty() {
             return Ok((beside(blocks), Duration::ZERO));
         }
         let side = || beside(blocks);
         Ok(match ty {
-            KvType::F16 => pass::Pass::<half::f16>::new(self, rows, scratch, shards).run_beside(pool, side),
-            KvType::F32 => pass::Pass::<f32>::new(self, rows, scratch, shards).run_beside(pool, side),
+            KvType::F16 => pass::Pass::<half::f16>::new(self, step, scratch, shards).run_beside(pool, side),
+            KvType::F32 => pass::Pass::<f32>::new(self, step, scratch, shards).run_beside(pool, side),
         })
+    }
+
+    /// The step's layers are the model's, the cache holds them, and hidden states in come
+    /// one row of `n_embd` per row.
+    fn check_window(&self, kv: &KvCache, step: &Step) -> Result<(), ForwardError> {
+        let n_layers = self.cfg.n_layers;
+        let layers = step.layers.clone();
+        if layers.start > layers.end || layers.end > n_layers {
+            return Err(ForwardError::BadWindow { layers, n_layers });
+        }
+        if let Some(cache) = kv.layouts().next().map(|l| l.layers()) {
+            if !layers.is_empty() && (layers.start < cache.start || layers.end > cache.end) {
+                return Err(ForwardError::WindowNotCached { step: layers, cache });
+            }
+        }
+        if let StepInput::Hidden(states) = step.input {
+            let (rows, n_embd) = (step.rows.len(), self.cfg.n_embd);
+            if Some(states.len()) != rows.checked_mul(n_embd) {
+                return Err(ForwardError::BadHidden { got: states.len(), rows, n_embd });
+            }
+        }
+        Ok(())
     }
 
     /// Validate a step, grow the cache of every sequence in it and copy their block tables
     /// into `scratch`; on error nothing changes.
-    fn check_and_reserve(&self, kv: &mut KvBlocks, rows: &[StepRow], scratch: &mut Scratch) -> Result<(), ForwardError> {
-        let vocab = self.cfg.vocab_size;
+    fn check_and_reserve(&self, kv: &mut KvBlocks, step: &Step, scratch: &mut Scratch) -> Result<(), ForwardError> {
+        let (vocab, rows) = (self.cfg.vocab_size, step.rows);
+        let tokens_in = matches!(step.input, StepInput::Tokens);
+        let logits_out = step.output == StepOutput::Logits;
         scratch.logit_rows.clear();
         scratch.tables.clear();
         for (i, r) in rows.iter().enumerate() {
             match r.token {
-                None => return Err(ForwardError::MissingToken { row: i }),
-                Some(token) if token as usize >= vocab => return Err(ForwardError::BadToken { token, vocab }),
-                Some(_) => {}
+                None if tokens_in => return Err(ForwardError::MissingToken { row: i }),
+                Some(token) if tokens_in && token as usize >= vocab => return Err(ForwardError::BadToken { token, vocab }),
+                _ => {}
             }
             if r.pos >= scratch.max_ctx() {
                 return Err(ForwardError::ContextFull { pos: r.pos, n_ctx: scratch.max_ctx() });
             }
-            if r.logits {
+            if r.logits && logits_out {
                 scratch.logit_rows.push(i);
             }
         }

@@ -143,6 +143,16 @@ impl Scratch {
         &self.logits[i * vocab..(i + 1) * vocab]
     }
 
+    /// The hidden state of row `i` at the end of the last step's window (the residual
+    /// stream, whole in every part; read from the first part's memory), `[n_embd]`. What a
+    /// step ending in [`StepOutput::Hidden`](super::StepOutput::Hidden) leaves for the next
+    /// window.
+    pub fn hidden(&self, i: usize) -> &[f32] {
+        let x = &self.parts[0].x;
+        let n_embd = x.len() / self.max_rows;
+        &x[i * n_embd..(i + 1) * n_embd]
+    }
+
     /// Mutable logits of the `i`-th row with logits (for in-place sampling transforms).
     pub fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         let vocab = self.logits.len() / self.max_logit_rows;

@@ -18,6 +18,8 @@
 mod blocks;
 mod pool;
 
+use std::ops::Range;
+
 use blink_kernels::numa::{NumaError, Topology, Zeroable};
 
 use crate::memory::Storage;
@@ -57,9 +59,12 @@ impl KvType {
 /// A value type the cache can store (f16 or f32).
 pub use blink_kernels::attention::CacheElem as KvElem;
 
-/// Shape of the cache.
+/// Shape of the cache: a window of layers (all of them, or one device's share of a ring).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLayout {
+    /// The model layer the cache's first layer holds.
+    pub first_layer: usize,
+    /// Layers held, from `first_layer` on.
     pub n_layers: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -70,10 +75,16 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
-    pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, n_blocks: usize) -> KvLayout {
-        let mut l = KvLayout { n_layers, n_kv_heads, head_dim, n_blocks, layer_elems: 0 };
+    /// Model layers `layers` of `n_kv_heads` heads of `head_dim` values, in `n_blocks` blocks.
+    pub fn new(layers: Range<usize>, n_kv_heads: usize, head_dim: usize, n_blocks: usize) -> KvLayout {
+        let mut l = KvLayout { first_layer: layers.start, n_layers: layers.len(), n_kv_heads, head_dim, n_blocks, layer_elems: 0 };
         l.layer_elems = n_blocks * l.block_elems();
         l
+    }
+
+    /// The model layers the cache holds.
+    pub fn layers(&self) -> Range<usize> {
+        self.first_layer..self.first_layer + self.n_layers
     }
 
     /// Elements of one block in one layer, for K or V.
@@ -86,7 +97,8 @@ impl KvLayout {
         2 * self.n_layers * self.n_kv_heads * self.head_dim * ty.bytes()
     }
 
-    /// Offset of (layer, block, head, slot) in the K or V buffer.
+    /// Offset of (model layer, block, head, slot) in the K or V buffer; `layer` is one of
+    /// [`KvLayout::layers`].
     #[inline]
     pub fn offset(&self, layer: usize, block: u32, head: usize, slot: usize) -> usize {
         self.layer_offset(layer) + ((head * self.n_blocks + block as usize) * BLOCK_TOKENS + slot) * self.head_dim
@@ -94,7 +106,8 @@ impl KvLayout {
 
     #[inline]
     fn layer_offset(&self, layer: usize) -> usize {
-        layer * self.layer_elems
+        debug_assert!(self.layers().contains(&layer), "layer {layer} outside the cache's {:?}", self.layers());
+        (layer - self.first_layer) * self.layer_elems
     }
 }
 
@@ -117,7 +130,7 @@ impl<T: KvElem + Zeroable> KvStore<T> {
     /// Copy the first `slots` positions of block `src` into block `dst`, every layer and head.
     fn copy_slots(&mut self, layout: &KvLayout, src: u32, dst: u32, slots: usize) {
         let n = slots * layout.head_dim;
-        for layer in 0..layout.n_layers {
+        for layer in layout.layers() {
             for head in 0..layout.n_kv_heads {
                 let (from, to) = (layout.offset(layer, src, head, 0), layout.offset(layer, dst, head, 0));
                 self.k.copy_within(from..from + n, to);
@@ -163,18 +176,20 @@ impl KvCache {
     /// A cache of `n_blocks` blocks of `BLOCK_TOKENS` tokens each, for `n_layers` layers
     /// of `n_kv_heads` heads of `head_dim` values, on the heap.
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, ty: KvType, n_blocks: usize) -> KvCache {
-        Self::sharded(n_layers, &[(n_kv_heads, None)], head_dim, ty, n_blocks).expect("heap storage does not fail")
+        Self::sharded(0..n_layers, &[(n_kv_heads, None)], head_dim, ty, n_blocks).expect("heap storage does not fail")
     }
 
-    /// A cache whose values are split in shards of `heads` key/value heads each, each in
-    /// its home (`None`: the heap; `Some((topology, node))`: memory bound to that node).
+    /// A cache of model layers `layers` whose values are split in shards of `heads`
+    /// key/value heads each, each in its home (`None`: the heap; `Some((topology, node))`:
+    /// memory bound to that node).
     pub fn sharded(
-        n_layers: usize,
+        layers: Range<usize>,
         shards: &[(usize, Option<(&Topology, usize)>)],
         head_dim: usize,
         ty: KvType,
         n_blocks: usize,
     ) -> Result<KvCache, NumaError> {
+        let n_layers = layers.len();
         let shards = shards
             .iter()
             .map(|&(heads, home)| {
@@ -182,7 +197,7 @@ impl KvCache {
                 let block_bytes = n_layers.saturating_mul(heads * BLOCK_TOKENS * head_dim * ty.bytes());
                 let too_large = NumaError::TooLarge { len: n_blocks, elem_size: block_bytes };
                 let elems = n_blocks.checked_mul(heads * BLOCK_TOKENS * head_dim).and_then(|e| e.checked_mul(n_layers)).ok_or(too_large)?;
-                let layout = KvLayout::new(n_layers, heads, head_dim, n_blocks);
+                let layout = KvLayout::new(layers.clone(), heads, head_dim, n_blocks);
                 let data = match ty {
                     KvType::F16 => KvData::F16(KvStore { k: Storage::zeroed(elems, home)?, v: Storage::zeroed(elems, home)? }),
                     KvType::F32 => KvData::F32(KvStore { k: Storage::zeroed(elems, home)?, v: Storage::zeroed(elems, home)? }),

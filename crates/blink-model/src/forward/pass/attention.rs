@@ -1,0 +1,216 @@
+//! The attention block of a layer, as phases the driver separates with barriers: the
+//! Q/K/V projections with their biases, norms and rope and the cache stores
+//! (`attention_in`), the exchange of queries between parts sharing a key/value head
+//! (`share_queries`), causal attention over the cache (`attend`) and the output
+//! projection into the residual stream (`attention_out`).
+
+use blink_kernels::attention::{self, Online};
+use blink_kernels::numa::NodeWorker;
+use blink_kernels::ops;
+
+use super::buffers::{PartView, Write};
+use super::{Pass, StoreOf};
+use crate::kv_cache::BLOCK_TOKENS;
+use crate::weights::LayerWeights;
+
+/// How many blocks ahead attention asks for keys and values.
+const PREFETCH_BLOCKS: usize = 2;
+
+impl<T: StoreOf> Pass<'_, T> {
+    /// Norm, then the part's query heads and the key/value heads they use, through the
+    /// projections and into the cache (no barrier at the end).
+    pub(super) fn attention_in(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
+        let (cfg, n) = (&self.model.cfg, self.rows.len());
+        let hd = cfg.head_dim;
+        self.norm_rows(w, me, &lw.attn_norm, n, |r| r);
+        let (qc, kc) = (me.part.q_heads.start * hd, me.part.kv_heads.start * hd);
+        self.project(w, me, &me.xn, cfg.n_embd, n, &[(&lw.wq, &me.q, qc, Write::Set), (&lw.wk, &me.k, kc, Write::Set), (&lw.wv, &me.v, kc, Write::Set)]);
+        self.qkv_post(w, me, layer, lw);
+    }
+
+    /// The output projection: the part's rows of the residual stream.
+    pub(super) fn attention_out(&self, w: &NodeWorker, me: &PartView<T>, lw: &LayerWeights) {
+        let cfg = &self.model.cfg;
+        self.project(w, me, &me.attn, cfg.q_dim(), self.rows.len(), &[(&lw.wo, &me.x, me.part.embd_rows.start, Write::Add)]);
+    }
+
+    /// Biases, Q/K norms and rotary embedding of the part's heads; then its K and V go into
+    /// its cache shard.
+    fn qkv_post(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
+        let cfg = &self.model.cfg;
+        let hd = cfg.head_dim;
+        let rope = &self.model.rope;
+        let (qr, kr) = (me.part.q_heads.clone(), me.part.kv_heads.clone());
+        let (qc, kc) = (qr.start * hd..qr.end * hd, kr.start * hd..kr.end * hd);
+        let slot_at = |r: usize, h: usize| {
+            let row = self.rows[r];
+            me.layout.offset(layer, self.tables.get(row.seq)[row.pos / BLOCK_TOKENS], h, row.pos % BLOCK_TOKENS)
+        };
+        // The cache lines the rows' keys and values go to are rarely in cache, and stores
+        // that miss stall the thread once its store buffer fills: ask for them first.
+        for r in w.share(self.rows.len(), 1) {
+            for h in 0..kr.len() {
+                let at = slot_at(r, h);
+                // SAFETY: only addresses are taken; nothing reads these slots in this phase.
+                unsafe { attention::prefetch(me.kc.slice(at..at + hd), me.vc.slice(at..at + hd)) };
+            }
+        }
+        for r in w.share(self.rows.len(), 1) {
+            // SAFETY: each thread owns its rows of q, k, v, and the cache slots of those rows'
+            // positions (distinct rows have distinct (sequence, position) pairs).
+            let (q, k, v) = unsafe { (me.q.cols_mut(r, qc.clone()), me.k.cols_mut(r, kc.clone()), me.v.cols_mut(r, kc.clone())) };
+            for (x, b) in [(&mut *q, &lw.bq), (&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
+                if let Some(b) = b {
+                    x.iter_mut().zip(b.iter()).for_each(|(x, b)| *x += b);
+                }
+            }
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, qn, cfg.norm_eps));
+                k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, kn, cfg.norm_eps));
+            }
+            // SAFETY: written before the pass's first barrier.
+            let angles = unsafe { me.rope.row(r) };
+            q.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
+            k.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
+
+            for h in 0..kr.len() {
+                let at = slot_at(r, h);
+                unsafe {
+                    T::from_f32_slice(&k[h * hd..(h + 1) * hd], me.kc.slice_mut(at..at + hd));
+                    T::from_f32_slice(&v[h * hd..(h + 1) * hd], me.vc.slice_mut(at..at + hd));
+                }
+            }
+        }
+    }
+
+    /// Copy the query vectors of this part's heads whose key/value head another part also
+    /// holds into that part's `q`, so either can attend for them.
+    pub(super) fn share_queries(&self, w: &NodeWorker, me: &PartView<T>) {
+        let cfg = &self.model.cfg;
+        let (hd, group) = (cfg.head_dim, cfg.n_head / cfg.n_head_kv);
+        for &(g, _, holders) in &me.part.kv_groups {
+            if holders < 2 {
+                continue;
+            }
+            let heads = (g * group).max(me.part.q_heads.start)..((g + 1) * group).min(me.part.q_heads.end);
+            let cols = heads.start * hd..heads.end * hd;
+            for r in w.share(self.rows.len(), 1) {
+                // SAFETY: this part alone computed these heads; its threads split the rows;
+                // the other holders do not touch them until the next global barrier.
+                unsafe {
+                    let src = me.q.cols(r, cols.clone());
+                    for other in self.others(w.node).filter(|o| o.part.kv_heads.contains(&g)) {
+                        other.q.cols_mut(r, cols.clone()).copy_from_slice(src);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Causal attention over its sequence's cached positions, block by block (see
+    /// `blink_kernels::attention` for the numerics), of every (row, query head) whose
+    /// key/value head this part holds; items of a head held by several parts are dealt
+    /// between them. The result goes into every part's `attn`.
+    ///
+    /// The query heads of a key/value head this part alone holds are usually one item,
+    /// attended together (the results are the same bits).
+    pub(super) fn attend(&self, w: &NodeWorker, me: &PartView<T>, layer: usize) {
+        let cfg = &self.model.cfg;
+        let hd = cfg.head_dim;
+        let group = cfg.n_head / cfg.n_head_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        // SAFETY: per-thread scratch row.
+        let qh = unsafe { me.qh.row_mut(w.tid_in_node) };
+        // A whole group's rounded queries and softmax states (on the stack: decoding does
+        // not allocate).
+        const MAX_GROUP: usize = 16;
+        let mut qg = [0f32; 2048];
+        let mut states = [Online::default(); MAX_GROUP];
+        // A whole group shares each key and value row between its heads (measured at about
+        // 3/4 of the per-head cost) but makes `group` times fewer items to deal: take whole
+        // groups unless that leaves the busiest thread more work.
+        let (groups, threads) = (self.rows.len() * me.part.kv_groups.len(), w.threads_in_node);
+        let whole = (2..=MAX_GROUP).contains(&group)
+            && group * hd <= qg.len()
+            && 3 * groups.div_ceil(threads) * group <= 4 * (groups * group).div_ceil(threads);
+        // Items (row, first head, heads) are dealt round-robin between holders, then claimed
+        // in chunks by the node's threads, each starting on an even share: a thread that
+        // runs slower, or whose share holds the longer sequences, is helped by the others.
+        // Per key/value group: the first (row·group + head) index, the step and the heads.
+        let deal = |rank: usize, holders: usize| if whole && holders == 1 { (0, group, group) } else { (rank, holders, 1) };
+        let count = |rank, holders| {
+            let (first, step, _) = deal(rank, holders);
+            (self.rows.len() * group).saturating_sub(first).div_ceil(step)
+        };
+        let item = |mut k: usize| {
+            for &(g, rank, holders) in &me.part.kv_groups {
+                let n = count(rank, holders);
+                if k < n {
+                    let (first, step, heads) = deal(rank, holders);
+                    let j = first + k * step;
+                    return (j / group, g * group + j % group, heads);
+                }
+                k -= n;
+            }
+            unreachable!("item index past the part's items")
+        };
+        let n_items = me.part.kv_groups.iter().map(|&(_, rank, holders)| count(rank, holders)).sum();
+        // The keys and values of an item's first blocks are asked for while the item
+        // before it computes, the later ones `PREFETCH_BLOCKS` blocks ahead of their use:
+        // the keys before a block is attended, the values after, so that no burst of
+        // requests holds every miss buffer (with both at once, 16 rows attending 512
+        // cached tokens ran 1-4% slower).
+        let n_pos = |r: usize| self.rows[r].pos + 1;
+        // SAFETY: the cache is read-only in this phase.
+        let block = |r: usize, h: usize, b: usize| unsafe {
+            let n = (n_pos(r) - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
+            let kvh = h / group - me.part.kv_heads.start;
+            let at = me.layout.offset(layer, self.tables.get(self.rows[r].seq)[b], kvh, 0);
+            (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd), n)
+        };
+        let fetch_start = |r: usize, h: usize| {
+            for b in 0..PREFETCH_BLOCKS.min(n_pos(r).div_ceil(BLOCK_TOKENS)) {
+                let (keys, values, _) = block(r, h, b);
+                attention::prefetch(keys, values);
+            }
+        };
+        let mut mine = w.claim(n_items, 1, 1).flat_map(|range| range.map(item)).peekable();
+        let mut first = true;
+        while let Some((r, h, heads)) = mine.next() {
+            if std::mem::take(&mut first) {
+                fetch_start(r, h);
+            }
+            if let Some(&(nr, nh, _)) = mine.peek() {
+                fetch_start(nr, nh);
+            }
+            let cols = h * hd..(h + heads) * hd;
+            // SAFETY: q is read-only now; this thread owns heads h..h + heads of row r in
+            // every part's attn.
+            let (q, acc) = unsafe { (me.q.cols(r, cols.clone()), me.attn.cols_mut(r, cols.clone())) };
+            let qs = if heads == 1 { &mut qh[..] } else { &mut qg[..heads * hd] };
+            attention::prepare_query::<T>(q, qs);
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            let states = &mut states[..heads];
+            states.fill(Online::default());
+            let blocks = n_pos(r).div_ceil(BLOCK_TOKENS);
+            for b in 0..blocks {
+                let ahead = (b + PREFETCH_BLOCKS < blocks).then(|| block(r, h, b + PREFETCH_BLOCKS));
+                if let Some((keys, _, _)) = ahead {
+                    attention::prefetch::<T>(keys, &[]);
+                }
+                let (keys, values, n) = block(r, h, b);
+                attention::attend_heads::<T>(self.isa, qs, keys, values, n, scale, states, acc);
+                if let Some((_, values, _)) = ahead {
+                    attention::prefetch::<T>(&[], values);
+                }
+            }
+            for (state, acc) in states.iter().zip(acc.chunks_exact_mut(hd)) {
+                state.finish(acc);
+            }
+            for other in self.others(w.node) {
+                // SAFETY: as above, for the other parts' copies.
+                unsafe { other.attn.cols_mut(r, cols.clone()).copy_from_slice(acc) };
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! One step's computation, run by every pool thread together, on one part or on one part
+//! per NUMA node: the SPMD driver and its barrier plan.
+//!
+//! Each part computes its own output rows of every projection and its own heads'
+//! attention, in buffers in its own memory. After a part computes columns the others need
+//! (attention outputs, the residual stream, the FFN activations) it copies them into every
+//! other part's buffers: writes cross nodes, reads never do. Phases are separated by
+//! barriers: a node's threads meet at group barriers, all nodes at global ones. Each phase
+//! splits its work so that no two threads write the same element.
+//!
+//! The driver (`run_on`) owns the order of phases and every barrier between them; the
+//! phases themselves live with the block they belong to: `attention` and `ffn` (one
+//! layer's two blocks), `project` (the one door of every matrix product), `buffers` (what
+//! the threads share). A backward pass will mirror the blocks.
+
+mod attention;
+mod buffers;
+mod ffn;
+mod project;
+
+use std::ops::Range;
+
+use blink_kernels::cpu::{self, Isa};
+use blink_kernels::numa::{NodePool, NodeWorker};
+use blink_kernels::ops;
+use blink_kernels::order::{self, DotOrder};
+use blink_kernels::pool::SharedMut;
+
+use super::scratch::PartScratch;
+use super::{Scratch, Step, StepInput, StepOutput, StepRow};
+use crate::kv_cache::{KvData, KvElem, KvShard, KvStore, TableSnapshot};
+use crate::placement::Part;
+use crate::weights::Weights;
+use crate::Model;
+use buffers::{Buf, PartView, Shared, Write};
+
+/// Most parts (NUMA nodes) a model may be split into.
+pub const MAX_PARTS: usize = 16;
+
+/// The cache element store of a shard, by type.
+pub(super) trait StoreOf: KvElem + blink_kernels::numa::Zeroable {
+    fn store(data: &mut KvData) -> &mut KvStore<Self>;
+}
+
+impl StoreOf for half::f16 {
+    fn store(data: &mut KvData) -> &mut KvStore<Self> {
+        match data {
+            KvData::F16(s) => s,
+            KvData::F32(_) => unreachable!("shards of one cache share a type"),
+        }
+    }
+}
+
+impl StoreOf for f32 {
+    fn store(data: &mut KvData) -> &mut KvStore<Self> {
+        match data {
+            KvData::F32(s) => s,
+            KvData::F16(_) => unreachable!("shards of one cache share a type"),
+        }
+    }
+}
+
+pub(super) struct Pass<'a, T: KvElem> {
+    model: &'a Model,
+    rows: &'a [StepRow],
+    layers: Range<usize>,
+    input: StepInput<'a>,
+    output: StepOutput,
+    logit_rows: &'a [usize],
+    views: [Option<PartView<'a, T>>; MAX_PARTS],
+    n_parts: usize,
+    logits: Buf<'a>,
+    act_stride: usize,
+    tables: &'a TableSnapshot,
+    isa: Isa,
+    order: DotOrder,
+}
+
+impl<'a, T: StoreOf> Pass<'a, T> {
+    /// The pass of a step that was checked ([`Model::step_beside`]).
+    pub(super) fn new(model: &'a Model, step: &Step<'a>, s: &'a mut Scratch, shards: &'a mut [KvShard]) -> Self {
+        let cfg = &model.cfg;
+        let n_parts = model.parts.len();
+        assert!(n_parts <= MAX_PARTS && shards.len() == n_parts && s.parts.len() == n_parts, "parts of model, cache and scratch differ");
+        let mut it = model
+            .parts
+            .iter()
+            .zip(&model.plan.parts)
+            .zip(s.parts.iter_mut())
+            .zip(shards.iter_mut())
+            .map(|(((w, part), ps), shard): (((&Weights, &Part), &mut PartScratch), &mut KvShard)| {
+                let layout = shard.layout;
+                let store = T::store(&mut shard.data);
+                PartView {
+                    w,
+                    part,
+                    x: Buf::new(&mut ps.x, cfg.n_embd),
+                    xn: Buf::new(&mut ps.xn, cfg.n_embd),
+                    q: Buf::new(&mut ps.q, cfg.q_dim()),
+                    k: Buf::new(&mut ps.k, cfg.kv_dim()),
+                    v: Buf::new(&mut ps.v, cfg.kv_dim()),
+                    attn: Buf::new(&mut ps.attn, cfg.q_dim()),
+                    gate: Buf::new(&mut ps.gate, cfg.n_ff),
+                    up: Buf::new(&mut ps.up, cfg.n_ff),
+                    act: SharedMut::new(&mut ps.act),
+                    rope: Buf::new(&mut ps.rope, cfg.rope.n_dims),
+                    qh: Buf::new(&mut ps.qh, cfg.head_dim),
+                    kc: SharedMut::new(&mut store.k),
+                    vc: SharedMut::new(&mut store.v),
+                    layout,
+                }
+            });
+        let views = std::array::from_fn(|_| it.next());
+        Pass {
+            model,
+            rows: step.rows,
+            layers: step.layers.clone(),
+            input: step.input,
+            output: step.output,
+            logit_rows: &s.logit_rows,
+            views,
+            n_parts,
+            logits: Buf::new(&mut s.logits, cfg.vocab_size),
+            act_stride: s.act_stride,
+            tables: &s.tables,
+            isa: cpu::active(),
+            order: order::active(),
+        }
+    }
+
+    /// Run the pass on `pool`, and `beside` on the calling thread meanwhile (see
+    /// [`NodePool::run_beside`]).
+    pub(super) fn run_beside<R>(&self, pool: &NodePool, beside: impl FnOnce() -> R) -> (R, std::time::Duration) {
+        pool.run_beside(|w| self.run_on(w, self.view(w.node)), beside)
+    }
+
+    fn view(&self, part: usize) -> &PartView<'a, T> {
+        self.views[part].as_ref().expect("a view per part")
+    }
+
+    fn others(&self, part: usize) -> impl Iterator<Item = &PartView<'a, T>> {
+        (0..self.n_parts).filter(move |&p| p != part).map(|p| self.view(p))
+    }
+
+    fn run_on(&self, w: &NodeWorker, me: &PartView<T>) {
+        let split = self.n_parts > 1;
+        match self.input {
+            StepInput::Tokens => self.embed(w),
+            StepInput::Hidden(states) => self.load_hidden(w, me, states),
+        }
+        self.rope_angles(w, me);
+        w.global_barrier();
+        for l in self.layers.clone() {
+            let lw = &me.w.layers[l];
+            self.attention_in(w, me, l, lw);
+            if self.model.plan.shares_kv {
+                w.group_barrier();
+                self.share_queries(w, me);
+                w.global_barrier();
+            } else {
+                w.group_barrier();
+            }
+            self.attend(w, me, l);
+            w.global_barrier();
+            self.attention_out(w, me, lw);
+            if split {
+                self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
+                w.global_barrier();
+            }
+            self.ffn_in(w, me, lw);
+            if split {
+                self.broadcast(w, me, Shared::Ffn, me.part.ff_rows.clone());
+                w.global_barrier();
+            }
+            self.ffn_out(w, me, lw);
+            if split {
+                self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
+                w.global_barrier();
+            }
+        }
+        // With `StepOutput::Hidden` the residual stream, whole in every part, is the output.
+        let n_logits = self.logit_rows.len();
+        if self.output == StepOutput::Logits && n_logits > 0 {
+            self.norm_rows(w, me, &me.w.output_norm, n_logits, |i| self.logit_rows[i]);
+            let vr = me.part.vocab_rows.start;
+            self.project(w, me, &me.xn, self.model.cfg.n_embd, n_logits, &[(&me.w.output, &self.logits, vr, Write::Set)]);
+        }
+    }
+
+    /// Copy columns `cols` of every row of one buffer from this part to the others. The
+    /// node's threads split the rows.
+    fn broadcast(&self, w: &NodeWorker, me: &PartView<T>, which: Shared, cols: Range<usize>) {
+        for r in w.share(self.rows.len(), 1) {
+            // SAFETY: this part alone owns columns `cols` in this phase, in every part's
+            // buffer; its threads split the rows.
+            unsafe {
+                let src = me.shared(which).cols(r, cols.clone());
+                for other in self.others(w.node) {
+                    other.shared(which).cols_mut(r, cols.clone()).copy_from_slice(src);
+                }
+            }
+        }
+    }
+
+    /// Token embeddings into every part's residual stream: each row is written by the part
+    /// holding its token's embedding.
+    fn embed(&self, w: &NodeWorker) {
+        let me = self.view(w.node);
+        let vocab = &me.part.vocab_rows;
+        for r in w.share(self.rows.len(), 1) {
+            let token = self.rows[r].token.expect("checked: a tokens step has a token per row") as usize;
+            if !vocab.contains(&token) {
+                continue;
+            }
+            // SAFETY: row r is written by exactly one thread (of the owning part).
+            unsafe {
+                let out = me.x.row_mut(r);
+                me.w.token_embd.dequantize_row(token - vocab.start, out);
+                for other in self.others(w.node) {
+                    other.x.row_mut(r).copy_from_slice(out);
+                }
+            }
+        }
+    }
+
+    /// Hidden states handed in by a previous window, into this part's residual stream
+    /// (`states` is `[rows][n_embd]`, checked).
+    fn load_hidden(&self, w: &NodeWorker, me: &PartView<T>, states: &[f32]) {
+        let n_embd = self.model.cfg.n_embd;
+        for r in w.share(self.rows.len(), 1) {
+            // SAFETY: each part's threads split its rows.
+            unsafe { me.x.row_mut(r).copy_from_slice(&states[r * n_embd..(r + 1) * n_embd]) };
+        }
+    }
+
+    /// The rope angles of every row's position, computed once for all layers.
+    fn rope_angles(&self, w: &NodeWorker, me: &PartView<T>) {
+        for r in w.share(self.rows.len(), 1) {
+            // SAFETY: rope rows are split between the node's threads.
+            unsafe { self.model.rope.angles(self.rows[r].pos, me.rope.row_mut(r)) };
+        }
+    }
+
+    /// `xn[i] = rms_norm(x[src(i)]) * weight` for `i in 0..count`, in this part. No barrier:
+    /// the next projection quantizes the same rows on the same thread first.
+    fn norm_rows(&self, w: &NodeWorker, me: &PartView<T>, weight: &[f32], count: usize, src: impl Fn(usize) -> usize) {
+        let eps = self.model.cfg.norm_eps;
+        // Four rows at a time, whose sums of squares (serial chains) then overlap.
+        const ROWS: usize = 4;
+        let mine = w.share(count, 1);
+        let mut i = mine.start;
+        while i < mine.end {
+            // SAFETY: x is read-only in this phase; xn rows are split between threads.
+            unsafe {
+                if mine.end - i >= ROWS {
+                    let rows: [usize; ROWS] = std::array::from_fn(|k| i + k);
+                    ops::rms_norm_rows(self.isa, rows.map(|r| me.x.row(src(r))), weight, eps, rows.map(|r| me.xn.row_mut(r)));
+                    i += ROWS;
+                } else {
+                    ops::rms_norm(self.isa, me.x.row(src(i)), weight, eps, me.xn.row_mut(i));
+                    i += 1;
+                }
+            }
+        }
+    }
+}

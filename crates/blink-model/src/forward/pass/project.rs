@@ -1,0 +1,62 @@
+//! The one door every projection goes through: `Pass::project` quantizes the input rows
+//! to the activation format of each matrix and runs the product over the rows the node's
+//! threads claim. Adapters (LoRA) will add their `scale · B(A·x)` here, per row's slot, and
+//! nowhere else.
+
+use blink_gguf::GgmlType;
+use blink_kernels::gemm;
+use blink_kernels::numa::NodeWorker;
+use blink_kernels::ops;
+use blink_kernels::quant;
+
+use super::buffers::{Buf, PartView, Write};
+use super::{Pass, StoreOf};
+use crate::weights::Matrix;
+
+/// Weight bytes per activation row a claimed chunk of a projection covers at least.
+const CHUNK_BYTES: usize = 64 << 10;
+
+impl<T: StoreOf> Pass<'_, T> {
+    /// Multiply `count` rows of `input` (width `cols`) by each of the part's matrices,
+    /// writing or adding the results at a column offset of its output. Activations are
+    /// quantized once per distinct format; group barriers separate quantization from the
+    /// products and the products from what follows.
+    pub(super) fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[(&Matrix, &Buf, usize, Write)]) {
+        let mut quantized: Option<GgmlType> = None;
+        for &(m, out, col, mode) in outputs {
+            let act_ty = quant::vec_dot_type(m.ty);
+            if quantized != Some(act_ty) {
+                if quantized.is_some() {
+                    w.group_barrier();
+                }
+                self.quantize_rows(w, me, input, cols, count, act_ty);
+                w.group_barrier();
+                quantized = Some(act_ty);
+            }
+            // Rows go out in chunks the node's threads claim, so a thread that runs slower
+            // computes fewer of them; a chunk streams at least `CHUNK_BYTES` of weights
+            // per activation row (shorter runs cost the hardware prefetcher its stride).
+            let row_bytes = m.bytes().len() / m.rows.max(1);
+            let rows = w.claim(m.rows, gemm::ROW_ALIGN, CHUNK_BYTES / (row_bytes * count).max(1));
+            // SAFETY: act is read-only in this phase (written before the last barrier); this
+            // thread alone writes columns `col + r` of `out` for each range `r` it claims.
+            unsafe {
+                let act = me.act.slice(0..count * self.act_stride);
+                gemm::gemm_chunks(self.isa, self.order, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, out.out(col, mode));
+            }
+        }
+        w.group_barrier();
+    }
+
+    fn quantize_rows(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, ty: GgmlType) {
+        let bytes = ty.row_bytes(cols as u64).expect("checked at load") as usize;
+        for r in w.share(count, 1) {
+            // SAFETY: input rows are read-only here (written by this thread or before a
+            // barrier); act rows are split between the node's threads.
+            unsafe {
+                let dst = me.act.slice_mut(r * self.act_stride..r * self.act_stride + bytes);
+                ops::quantize_row(self.isa, ty, input.cols(r, 0..cols), dst);
+            }
+        }
+    }
+}
