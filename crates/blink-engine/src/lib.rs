@@ -6,6 +6,7 @@
 
 pub mod perplexity;
 pub mod rng;
+pub mod runner;
 pub mod sampling;
 pub mod serve;
 pub mod session;
@@ -16,6 +17,7 @@ use blink_model::ForwardError;
 use thiserror::Error;
 
 pub use sampling::{Sampler, SamplingParams, MAX_REPEAT_LAST_N};
+pub use runner::{Runner, RunnerConfig};
 pub use session::{FinishReason, GenerateParams, Generation, Session, SessionConfig};
 
 /// Why a request could not be served. Messages are one line, fit for users.

@@ -6,8 +6,9 @@
 //! PPL = exp(mean negative log-likelihood). For a model that adds BOS, each chunk's first
 //! token is replaced by BOS, as llama.cpp does, so every chunk starts as a text would.
 
-use blink_model::{KvType, Model, Scratch, StepRow};
+use blink_model::{KvType, Model, StepRow};
 
+use crate::runner::{Runner, RunnerConfig};
 use crate::sampling::log_softmax_at;
 use crate::EngineError;
 
@@ -64,15 +65,14 @@ pub fn perplexity(
     let ctx = cfg.ctx;
     let n_batch = cfg.n_batch.clamp(1, ctx);
     let first = ctx / 2;
-    let pool = model.pool(cfg.n_threads).map_err(|e| EngineError::BadParams(e.to_string()))?;
-    let mut kv = model.try_new_kv_cache(ctx, cfg.kv_type).map_err(EngineError::no_memory("a KV cache", ctx))?;
-    let mut scratch = Scratch::try_new(model, n_batch, n_batch, ctx, cfg.n_threads).map_err(EngineError::no_memory("step buffers", ctx))?;
+    let runner_cfg = RunnerConfig { threads: cfg.n_threads, kv_tokens: ctx, kv_type: cfg.kv_type, max_rows: n_batch, max_logit_rows: n_batch, max_ctx: ctx, detached: false };
+    let mut runner = Runner::new(model, &runner_cfg)?;
     let mut rows = Vec::with_capacity(n_batch);
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
 
     for chunk in 0..n_chunks {
         let toks = &tokens[chunk * ctx..(chunk + 1) * ctx];
-        let seq = kv.new_seq();
+        let seq = runner.kv_mut().new_seq();
         for start in (0..ctx).step_by(n_batch) {
             let end = (start + n_batch).min(ctx);
             rows.clear();
@@ -80,15 +80,15 @@ pub fn perplexity(
                 let token = if pos == 0 { cfg.bos.unwrap_or(toks[0]) } else { toks[pos] };
                 StepRow::prompt(token, pos, seq).with_logits(pos >= first && pos + 1 < ctx)
             }));
-            model.forward(&pool, &mut kv, &rows, &mut scratch).map_err(EngineError::Forward)?;
+            runner.run(&rows)?;
             for (i, pos) in (start..end).filter(|&p| p >= first && p + 1 < ctx).enumerate() {
-                let v = -log_softmax_at(scratch.logits(i), toks[pos + 1] as usize);
+                let v = -log_softmax_at(runner.scratch().logits(i), toks[pos + 1] as usize);
                 nll += v;
                 nll2 += v * v;
                 count += 1;
             }
         }
-        kv.free_seq(seq);
+        runner.kv_mut().free_seq(seq);
         on_chunk(chunk + 1, (nll / count as f64).exp());
     }
 

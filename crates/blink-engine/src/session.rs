@@ -6,10 +6,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use blink_kernels::numa::NodePool;
 use blink_model::tokenizer::{StreamDecoder, Tokenizer};
-use blink_model::{ForwardError, KvCache, KvType, Model, RowKind, Scratch, SeqId, StepRow};
+use blink_model::{KvType, Model, RowKind, SeqId, StepRow};
 
+use crate::runner::{Runner, RunnerConfig};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::{StopMatcher, StopScan};
 use crate::EngineError;
@@ -75,10 +75,7 @@ pub struct Generation {
 
 /// One sequence's cache and compute resources.
 pub struct Session<'m> {
-    model: &'m Model,
-    pool: NodePool,
-    kv: KvCache,
-    scratch: Scratch,
+    runner: Runner<&'m Model>,
     seq: SeqId,
     /// Tokens whose keys and values are in the cache.
     tokens: Vec<u32>,
@@ -94,17 +91,23 @@ impl<'m> Session<'m> {
     pub fn new(model: &'m Model, cfg: &SessionConfig) -> Result<Session<'m>, EngineError> {
         let n_ctx = cfg.n_ctx.max(1);
         let n_batch = cfg.n_batch.clamp(1, n_ctx);
-        let mut kv = model.try_new_kv_cache(n_ctx, cfg.kv_type).map_err(EngineError::no_memory("a KV cache", n_ctx))?;
-        let scratch = Scratch::try_new(model, n_batch, 1, n_ctx, cfg.n_threads).map_err(EngineError::no_memory("step buffers", n_ctx))?;
+        let runner_cfg = RunnerConfig {
+            threads: cfg.n_threads,
+            kv_tokens: n_ctx,
+            kv_type: cfg.kv_type,
+            max_rows: n_batch,
+            max_logit_rows: 1,
+            max_ctx: n_ctx,
+            detached: false,
+        };
+        let mut runner = Runner::new(model, &runner_cfg)?;
+        let kv = runner.kv_mut();
         let seq = kv.new_seq();
         // The one sequence owns the whole cache; taking its blocks now keeps decoding
         // free of allocations (the memory itself is still touched lazily).
         kv.reserve(seq, n_ctx).expect("a fresh cache holds its own size");
         Ok(Session {
-            model,
-            pool: model.pool(cfg.n_threads).map_err(EngineError::Threads)?,
-            scratch,
-            kv,
+            runner,
             seq,
             tokens: Vec::with_capacity(n_ctx),
             rows: Vec::with_capacity(n_batch),
@@ -124,7 +127,7 @@ impl<'m> Session<'m> {
 
     /// Logits after the last evaluated token.
     pub fn logits(&self) -> &[f32] {
-        self.scratch.logits(0)
+        self.runner.scratch().logits(0)
     }
 
     /// Make the cache hold exactly `prompt`, reusing its longest common prefix, and leave
@@ -139,7 +142,7 @@ impl<'m> Session<'m> {
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         // The last prompt token is always evaluated, to produce fresh logits.
         let keep = common.min(prompt.len() - 1);
-        self.kv.truncate(self.seq, keep)?;
+        self.runner.kv_mut().truncate(self.seq, keep)?;
         self.tokens.truncate(keep);
         let rest = &prompt[keep..];
         for chunk in rest.chunks(self.n_batch) {
@@ -162,10 +165,7 @@ impl<'m> Session<'m> {
         let (seq, n) = (self.seq, tokens.len());
         self.rows.clear();
         self.rows.extend(tokens.iter().enumerate().map(|(i, &token)| StepRow::prompt(token, start + i, seq).with_logits(logits_for_last && i + 1 == n).with_kind(kind)));
-        self.model.forward(&self.pool, &mut self.kv, &self.rows, &mut self.scratch).map_err(|e| match e {
-            ForwardError::BadToken { token, vocab } => EngineError::BadToken { token, vocab },
-            other => EngineError::Forward(other),
-        })?;
+        self.runner.run(&self.rows)?;
         self.tokens.extend_from_slice(tokens);
         Ok(())
     }
@@ -202,7 +202,7 @@ impl<'m> Session<'m> {
                 finish = FinishReason::Stop;
                 break;
             }
-            let token = sampler.sample(self.scratch.logits_mut(0));
+            let token = sampler.sample(self.runner.kv_and_scratch().1.logits_mut(0));
             sampler.accept(token);
             if tok.is_eog(token) && !params.ignore_eos {
                 finish = FinishReason::Stop;

@@ -5,12 +5,22 @@
 //! Front ends talk to it through [`Engine`] (cheap to clone): `submit` a [`Request`], read
 //! [`Event`]s from the [`Submission`]. Requests and events cross between the front end's
 //! threads and the engine thread through channels; the engine thread never blocks on a
-//! client. See `api` for the types, `scheduler` for the step loop and `control` for the
-//! work done beside each step.
+//! client.
+//!
+//! The engine is split as the field splits it: `schedule` writes each step's plan
+//! (`plan`, plain data) through an admission policy (`policy`), `execute` runs it,
+//! `update` folds its output back into the sequences (`sequence`, a small state machine
+//! with the scheduler as its one writer), and `step_loop` is those three calls, pipelined.
+//! `api` holds the types front ends see.
 
 mod api;
-mod control;
-mod scheduler;
+mod execute;
+mod plan;
+pub mod policy;
+mod schedule;
+mod sequence;
+mod step_loop;
+mod update;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -23,6 +33,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::EngineError;
 
 pub use api::{EngineStats, Event, Request, SubmitError, TokenLogprobs, Usage};
+pub use plan::{Chunk, StepCost, StepPlan};
 
 /// Sizes and limits of the serving engine.
 #[derive(Clone, Debug)]
@@ -106,11 +117,11 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let occupancy = Arc::new(Occupancy::default());
-        let sched = scheduler::Scheduler::new(model, eog, &config, rx, stats.clone(), occupancy.clone())?;
-        let capacity_tokens = sched.capacity_tokens();
+        let step_loop = step_loop::StepLoop::new(model, eog, &config, rx, stats.clone(), occupancy.clone())?;
+        let capacity_tokens = step_loop.capacity_tokens();
         let thread = std::thread::Builder::new()
             .name("blink-engine".into())
-            .spawn(move || sched.run())
+            .spawn(move || step_loop.run())
             .map_err(EngineError::Spawn)?;
         Ok(Engine {
             shared: Arc::new(Shared {

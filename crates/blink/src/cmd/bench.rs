@@ -11,9 +11,9 @@
 use std::time::Instant;
 
 use blink_engine::rng::Rng;
-use blink_kernels::numa::NodePool;
+use blink_engine::{Runner, RunnerConfig};
 use blink_model::kv_cache::{KvCache, SeqId, BLOCK_TOKENS};
-use blink_model::{KvType, Model, Scratch, StepRow};
+use blink_model::{KvType, Model, StepRow};
 use serde::Serialize;
 
 use crate::common::{resolve_threads, CliResult, KernelArgs, Loaded, ModelArgs, NumaArgs};
@@ -131,17 +131,16 @@ pub fn main(args: Args) -> CliResult {
         // model is loaded once, for any count).
         let t = if model.placement().numa { model.placement().n_threads() } else { t };
         placed.push((t, accounting(model)));
-        let pool = model.pool(t)?;
         for &d in &args.depth {
             for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
-                let mut at = Depth::fill(model, &pool, 1, d, p, p, args.cache_type)?;
-                let samples = repeat(args.reps, || prompt_speed(model, &pool, &mut at, p))?;
+                let mut at = Depth::fill(model, t, 1, d, p, p, args.cache_type)?;
+                let samples = repeat(args.reps, || prompt_speed(&mut at, p))?;
                 emit(format!("pp{p}"), d, t, 1, samples)?;
             }
             for &n in args.n_gen.iter().filter(|&&n| n > 0) {
                 for &b in args.batch.iter().filter(|&&b| b > 0) {
-                    let mut at = Depth::fill(model, &pool, b, d, n.saturating_add(1), b, args.cache_type)?;
-                    let samples = repeat(args.reps, || gen_speed(model, &pool, &mut at, n))?;
+                    let mut at = Depth::fill(model, t, b, d, n.saturating_add(1), b, args.cache_type)?;
+                    let samples = repeat(args.reps, || gen_speed(&mut at, n))?;
                     emit(format!("tg{n}"), d, t, b, samples)?;
                 }
             }
@@ -231,75 +230,74 @@ const FILL_ROWS: usize = 256;
 
 /// Sequences whose caches hold `depth` (random) tokens, the state each repetition of a
 /// test starts from.
-struct Depth {
-    kv: KvCache,
+struct Depth<'m> {
+    runner: Runner<&'m Model>,
     seqs: Vec<SeqId>,
-    scratch: Scratch,
     depth: usize,
 }
 
-impl Depth {
+impl<'m> Depth<'m> {
     /// `n_seqs` sequences filled to `depth`, with room for `more` tokens each in steps of up
-    /// to `max_rows` rows, one row per sequence with logits.
-    fn fill(model: &Model, pool: &NodePool, n_seqs: usize, depth: usize, more: usize, max_rows: usize, kv_type: KvType) -> CliResult<Depth> {
+    /// to `max_rows` rows, one row per sequence with logits, on `threads` threads.
+    fn fill(model: &'m Model, threads: usize, n_seqs: usize, depth: usize, more: usize, max_rows: usize, kv_type: KvType) -> CliResult<Depth<'m>> {
         // Whole blocks per sequence.
         let tokens = depth
             .checked_add(more)
             .and_then(|t| KvCache::blocks_for(t).checked_mul(BLOCK_TOKENS * n_seqs))
             .ok_or("the test's KV cache does not fit in memory; use smaller -p, -n, -d or --batch")?;
-        let mut kv = model.try_new_kv_cache(tokens, kv_type)?;
-        let seqs: Vec<SeqId> = (0..n_seqs).map(|_| kv.new_seq()).collect();
         let rows = max_rows.max(FILL_ROWS.min(depth));
-        let mut scratch = Scratch::try_new(model, rows, n_seqs, depth + more, pool.n_threads())?;
+        let cfg = RunnerConfig { threads, kv_tokens: tokens, kv_type, max_rows: rows, max_logit_rows: n_seqs, max_ctx: depth + more, detached: false };
+        let mut runner = Runner::new(model, &cfg)?;
+        let seqs: Vec<SeqId> = (0..n_seqs).map(|_| runner.kv_mut().new_seq()).collect();
         let mut step = Vec::with_capacity(FILL_ROWS);
         for (i, &seq) in seqs.iter().enumerate() {
             let tokens = random_tokens(model, depth, 100 + i as u64);
             for (c, chunk) in tokens.chunks(FILL_ROWS).enumerate() {
                 step.clear();
                 step.extend(chunk.iter().enumerate().map(|(j, &token)| StepRow::prompt(token, c * FILL_ROWS + j, seq)));
-                model.forward(pool, &mut kv, &step, &mut scratch)?;
+                runner.run(&step)?;
             }
         }
-        Ok(Depth { kv, seqs, scratch, depth })
+        Ok(Depth { runner, seqs, depth })
     }
 
     /// Forget what the last repetition added.
     fn rewind(&mut self) -> CliResult {
         for &seq in &self.seqs {
-            self.kv.truncate(seq, self.depth)?;
+            self.runner.kv_mut().truncate(seq, self.depth)?;
         }
         Ok(())
     }
 }
 
 /// Tokens per second evaluating an `n`-token prompt in one step, after the depth.
-fn prompt_speed(model: &Model, pool: &NodePool, at: &mut Depth, n: usize) -> CliResult<f64> {
+fn prompt_speed(at: &mut Depth, n: usize) -> CliResult<f64> {
     at.rewind()?;
     let (seq, depth) = (at.seqs[0], at.depth);
-    let rows: Vec<StepRow> = random_tokens(model, n, 1)
+    let rows: Vec<StepRow> = random_tokens(at.runner.model(), n, 1)
         .into_iter()
         .enumerate()
         .map(|(i, token)| StepRow::prompt(token, depth + i, seq).with_logits(i + 1 == n))
         .collect();
     let start = Instant::now();
-    model.forward(pool, &mut at.kv, &rows, &mut at.scratch)?;
+    at.runner.run(&rows)?;
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
 /// Aggregate tokens per second generating `n` tokens in each sequence, after the depth.
-fn gen_speed(model: &Model, pool: &NodePool, at: &mut Depth, n: usize) -> CliResult<f64> {
+fn gen_speed(at: &mut Depth, n: usize) -> CliResult<f64> {
     at.rewind()?;
     let batch = at.seqs.len();
-    let mut tokens = random_tokens(model, batch, 2);
+    let mut tokens = random_tokens(at.runner.model(), batch, 2);
     let mut rows: Vec<StepRow> = Vec::with_capacity(batch);
     let start = Instant::now();
     for i in 0..n {
         let pos = at.depth + i;
         rows.clear();
         rows.extend(at.seqs.iter().zip(&tokens).map(|(&seq, &token)| StepRow::decode(token, pos, seq)));
-        model.forward(pool, &mut at.kv, &rows, &mut at.scratch)?;
+        at.runner.run(&rows)?;
         for (i, t) in tokens.iter_mut().enumerate() {
-            *t = blink_engine::sampling::argmax(at.scratch.logits(i));
+            *t = blink_engine::sampling::argmax(at.runner.scratch().logits(i));
         }
     }
     Ok((n * batch) as f64 / start.elapsed().as_secs_f64())

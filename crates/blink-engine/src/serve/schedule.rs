@@ -1,15 +1,16 @@
-//! The engine's control plane: everything that can happen while a step computes.
+//! Scheduling: the queue, the running sequences, and the plan of each step.
 //!
-//! [`Control::plan_next`] runs beside each forward pass (or alone when the engine starts
-//! from idle). It hands the previous step's events to their clients, reports and releases
-//! finished sequences, takes new requests, forgets cancelled ones, admits waiting requests
-//! (reserving their whole KV need, so the cache is never over-committed) and plans the
-//! next step's prompt chunks. What is left between two passes is sampling, admitting the
-//! requests that came during the pass ([`Control::admit_late`]) and putting the rows
-//! together (`scheduler`).
+//! [`Scheduler::schedule`] runs beside each forward pass (or alone when the engine starts
+//! from idle) and writes the next step's plan: it hands the previous step's events to
+//! their clients, reports and releases finished sequences, takes new requests, forgets
+//! cancelled ones, admits waiting requests through the admission policy (reserving their
+//! whole KV need, so the cache is never over-committed) and plans prompt chunks. Between
+//! two passes remain [`Scheduler::schedule_late`] (requests that came during the pass) and
+//! [`Scheduler::add_decodes`] (the sampled tokens fed back); `update` folds a step's
+//! output back in.
 //!
 //! Sequences are named by their cache id while they run: a step's rows refer to them by
-//! it, and [`Control::index`] finds them however the list of running sequences has
+//! it, and [`Scheduler::index`] finds them however the list of running sequences has
 //! changed meanwhile.
 
 use std::collections::VecDeque;
@@ -18,10 +19,13 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
 use blink_model::kv_cache::{KvBlocks, BLOCK_TOKENS};
-use blink_model::{SeqId, StepRow};
+use blink_model::SeqId;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{EngineStats, Event, Request, Usage};
+use super::plan::StepPlan;
+use super::policy::{AdmissionPolicy, Candidate, Load, Verdict};
+use super::sequence::Seq;
 use super::{Command, EngineConfig, Occupancy};
 use crate::sampling::Sampler;
 use crate::session::FinishReason;
@@ -32,38 +36,15 @@ struct Pending {
     events: UnboundedSender<Event>,
 }
 
-/// A running sequence.
-pub(super) struct Seq {
-    pub(super) events: UnboundedSender<Event>,
-    pub(super) kv: SeqId,
-    /// Prompt then generated tokens.
-    pub(super) tokens: Vec<u32>,
-    pub(super) n_prompt: usize,
-    pub(super) max_tokens: usize,
-    pub(super) logprobs: Option<usize>,
-    pub(super) ignore_eos: bool,
-    /// Tokens whose keys and values are in the cache.
-    pub(super) computed: usize,
-    /// Tokens put into a step so far (computed, or being computed).
-    pub(super) scheduled: usize,
-    pub(super) generated: usize,
-    cached: usize,
-    pub(super) sampler: Sampler,
-    /// Sampled but not yet fed back.
-    pub(super) next: Option<u32>,
-    pub(super) done: Option<FinishReason>,
-}
-
 /// The queue, the running sequences and their outgoing events.
-pub(super) struct Control {
+pub(super) struct Scheduler {
     pub(super) cfg: EngineConfig,
     commands: Receiver<Command>,
     waiting: VecDeque<Pending>,
     pub(super) running: Vec<Seq>,
     /// Index in `running` of each cache id, refreshed whenever `running` changes.
     index: Vec<usize>,
-    /// Prompt rows planned for the next step, and their sequences.
-    pub(super) planned: Vec<StepRow>,
+    policy: Box<dyn AdmissionPolicy>,
     /// Events of the last step for the sequences with these cache ids, sent beside the next
     /// step (the sequences are still running then: they are released after the sends).
     pub(super) outbox: Vec<(SeqId, Event)>,
@@ -75,21 +56,22 @@ pub(super) struct Control {
     pub(super) stats: EngineStats,
 }
 
-impl Control {
+impl Scheduler {
     pub(super) fn new(
         cfg: EngineConfig,
         commands: Receiver<Command>,
         shared_stats: Arc<Mutex<EngineStats>>,
         occupancy: Arc<Occupancy>,
+        policy: Box<dyn AdmissionPolicy>,
         kv_blocks_total: usize,
-    ) -> Control {
+    ) -> Scheduler {
         let stats = EngineStats { kv_blocks_total, ..Default::default() };
         // Published at once, so the cache's size is known before the first request.
         if let Ok(mut shared) = shared_stats.lock() {
             shared.clone_from(&stats);
         }
-        Control {
-            planned: Vec::with_capacity(cfg.step_tokens),
+        Scheduler {
+            policy,
             outbox: Vec::with_capacity(cfg.max_running),
             running: Vec::with_capacity(cfg.max_running),
             index: Vec::new(),
@@ -133,17 +115,19 @@ impl Control {
         self.index[kv]
     }
 
-    /// All the control work for the coming step; `decoding` bounds how many decode rows
-    /// it will have, which the planned prompt chunks leave room for.
-    pub(super) fn plan_next(&mut self, kv: &mut KvBlocks, decoding: usize) {
+    /// Write the coming step's plan (its decode rows come later, from
+    /// [`Scheduler::add_decodes`]): send the last step's events, release what finished,
+    /// take commands, admit and plan prompt chunks. `decoding` bounds how many decode rows
+    /// it will have, which the chunks leave room for.
+    pub(super) fn schedule(&mut self, kv: &mut KvBlocks, decoding: usize, plan: &mut StepPlan) {
+        plan.clear();
         self.send_events();
-        self.release_finished(kv);
+        self.release_finished(kv, plan);
         self.take_commands();
         self.drop_cancelled();
-        self.admit(kv);
+        self.admit(kv, decoding, plan);
         self.refresh_index();
-        self.planned.clear();
-        self.plan_prompts(decoding);
+        self.plan_prompts(decoding, plan);
         self.publish_stats(kv);
         if self.disconnected && self.idle() {
             self.stop = true;
@@ -152,20 +136,36 @@ impl Control {
 
     /// Between two passes: admit the requests that arrived while the last step computed,
     /// and plan their prompts into the coming step's unused budget. Without this they would
-    /// wait for the step after it (`plan_next` for the coming step ran as the last one
+    /// wait for the step after it (`schedule` for the coming step ran as the last one
     /// started), so under load a request's first token would come a whole step later.
     /// Does nothing more than look at the channel unless a request is there.
-    pub(super) fn admit_late(&mut self, kv: &mut KvBlocks, decoding: usize) {
+    pub(super) fn schedule_late(&mut self, kv: &mut KvBlocks, decoding: usize, plan: &mut StepPlan) {
         let before = self.waiting.len();
         self.take_commands();
         if self.waiting.len() == before {
             return;
         }
         let running = self.running.len();
-        self.admit(kv);
+        self.admit(kv, decoding, plan);
         self.stats.requests_admitted_late += (self.running.len() - running) as u64;
         self.refresh_index();
-        self.plan_prompts(decoding);
+        self.plan_prompts(decoding, plan);
+    }
+
+    /// Sequences with a sampled token to feed back: the coming step's decode rows.
+    pub(super) fn decoding(&self) -> usize {
+        self.running.iter().filter(|s| matches!(s.state(), super::sequence::State::Sampled(_))).count()
+    }
+
+    /// Complete the plan with a decode row per sequence that has a sampled token, ahead of
+    /// the prompt chunks.
+    pub(super) fn add_decodes(&mut self, plan: &mut StepPlan) {
+        for seq in &mut self.running {
+            if let Some(row) = seq.take_decode_row() {
+                plan.push_decode(row);
+            }
+        }
+        plan.seal();
     }
 
     fn send_events(&mut self) {
@@ -176,10 +176,10 @@ impl Control {
 
     /// Report and free the sequences that finished (or were cancelled) in earlier steps.
     /// None of them is in the step now computing: rows are never built for them.
-    fn release_finished(&mut self, kv: &mut KvBlocks) {
+    fn release_finished(&mut self, kv: &mut KvBlocks, plan: &mut StepPlan) {
         let mut i = 0;
         while i < self.running.len() {
-            let Some(reason) = self.running[i].done else {
+            let Some(reason) = self.running[i].finished() else {
                 i += 1;
                 continue;
             };
@@ -191,6 +191,7 @@ impl Control {
             let usage = Usage { prompt_tokens: seq.n_prompt, completion_tokens: seq.generated, cached_tokens: seq.cached };
             let _ = seq.events.send(Event::Finished { reason, usage });
             kv.free_seq(seq.kv);
+            plan.released.push(seq.kv);
             self.occupancy.running.fetch_sub(1, Ordering::AcqRel);
             let s = &mut self.stats;
             s.requests_finished += 1;
@@ -221,7 +222,7 @@ impl Control {
     }
 
     /// Forget waiting requests whose client has gone; mark running ones done (they are
-    /// released by the next `plan_next`, once no step refers to them).
+    /// released by the next `schedule`, once no step refers to them).
     fn drop_cancelled(&mut self) {
         let before = self.waiting.len();
         self.waiting.retain(|p| !p.events.is_closed());
@@ -231,52 +232,60 @@ impl Control {
         }
         for seq in &mut self.running {
             if seq.events.is_closed() {
-                seq.done.get_or_insert(FinishReason::Stop);
+                seq.finish(FinishReason::Stop);
             }
         }
     }
 
-    /// Admit waiting requests, in order, while their whole KV need can be reserved. A
-    /// request whose prompt shares at least a block's worth of uncached tokens with a
-    /// prompt still being computed waits for that prompt to be published, then attaches it
-    /// instead of computing the same tokens again (a burst of requests with one system
-    /// prompt computes it once); the requests behind it go ahead.
-    fn admit(&mut self, kv: &mut KvBlocks) {
+    /// Admit waiting requests, as the policy decides, while their whole KV need can be
+    /// reserved. A request whose prompt shares at least a block's worth of uncached tokens
+    /// with a prompt still being computed is flagged to the policy: admitted once that
+    /// prompt is published, it attaches the tokens instead of computing them again (a burst
+    /// of requests with one system prompt computes it once).
+    fn admit(&mut self, kv: &mut KvBlocks, decoding: usize, plan: &mut StepPlan) {
         let mut i = 0;
         while i < self.waiting.len() && self.running.len() < self.cfg.max_running {
-            if self.cfg.prefix_cache && self.shares_a_prefill(&self.waiting[i].request.prompt) {
-                i += 1;
-                continue;
+            let request = &self.waiting[i].request;
+            let candidate = Candidate {
+                prompt_tokens: request.prompt.len(),
+                max_tokens: request.max_tokens,
+                shares_a_prefill: self.cfg.prefix_cache && self.shares_a_prefill(&request.prompt),
+            };
+            let verdict = match self.policy.consider(&candidate, &self.load(decoding)) {
+                Verdict::Admit => match self.reserve(kv, request) {
+                    Some(reserved) => {
+                        self.start(i, reserved, plan);
+                        continue;
+                    }
+                    None => self.policy.no_room(&candidate),
+                },
+                other => other,
+            };
+            match verdict {
+                Verdict::Stop => break,
+                Verdict::Skip | Verdict::Admit => i += 1,
             }
-            let Some((id, cached)) = self.reserve(kv, &self.waiting[i].request) else { break };
-            let p = self.waiting.remove(i).expect("index checked above");
-            self.occupancy.running.fetch_add(1, Ordering::AcqRel);
-            self.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
-            let _ = p.events.send(Event::Admitted { cached_tokens: cached });
-            let mut sampler = Sampler::new(p.request.sampling.clone());
-            for &t in &p.request.prompt {
-                sampler.accept(t);
-            }
-            let n_prompt = p.request.prompt.len();
-            let mut tokens = p.request.prompt;
-            tokens.reserve_exact(p.request.max_tokens);
-            self.running.push(Seq {
-                events: p.events,
-                kv: id,
-                tokens,
-                n_prompt,
-                max_tokens: p.request.max_tokens,
-                logprobs: p.request.logprobs,
-                ignore_eos: p.request.ignore_eos,
-                computed: cached,
-                scheduled: cached,
-                generated: 0,
-                cached,
-                sampler,
-                next: None,
-                done: None,
-            });
         }
+    }
+
+    /// Start the `i`-th waiting request on its reserved cache sequence.
+    fn start(&mut self, i: usize, (id, cached): (SeqId, usize), plan: &mut StepPlan) {
+        let p = self.waiting.remove(i).expect("a waiting request's index");
+        self.occupancy.running.fetch_add(1, Ordering::AcqRel);
+        self.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
+        let _ = p.events.send(Event::Admitted { cached_tokens: cached });
+        let mut sampler = Sampler::new(p.request.sampling.clone());
+        for &t in &p.request.prompt {
+            sampler.accept(t);
+        }
+        let mut tokens = p.request.prompt;
+        tokens.reserve_exact(p.request.max_tokens);
+        self.running.push(Seq::admitted(p.events, id, tokens, p.request.max_tokens, p.request.logprobs, p.request.ignore_eos, cached, sampler));
+        plan.admitted.push(id);
+    }
+
+    fn load(&self, decoding: usize) -> Load {
+        Load { running: self.running.len(), max_running: self.cfg.max_running, decoding, step_tokens: self.cfg.step_tokens }
     }
 
     /// A cache sequence holding `request`'s whole KV need, on a cached prefix when one
@@ -306,7 +315,7 @@ impl Control {
     fn shares_a_prefill(&self, prompt: &[u32]) -> bool {
         // The last token is always computed (its logits are needed), so never shared.
         let usable = &prompt[..prompt.len().saturating_sub(1)];
-        self.running.iter().filter(|s| s.done.is_none() && s.computed < s.n_prompt).any(|s| {
+        self.running.iter().filter(|s| s.finished().is_none() && s.computed < s.n_prompt).any(|s| {
             let shared = usable.iter().zip(&s.tokens[..s.n_prompt]).take_while(|(a, b)| a == b).count();
             shared >= s.cached + BLOCK_TOKENS
         })
@@ -321,26 +330,20 @@ impl Control {
         }
     }
 
-    /// Add chunks of pending prompts to the next step's plan, oldest request first, within
-    /// the token budget left by up to `decoding` decode rows and the rows already planned.
-    /// Prompts get at least a quarter of the budget however many sequences decode, so a new
-    /// request moves on while more sequences decode than a step holds tokens (the step's
-    /// buffers hold `step_tokens + max_running` rows).
-    fn plan_prompts(&mut self, decoding: usize) {
-        let floor = self.cfg.step_tokens.div_ceil(4);
-        let mut budget = self.cfg.step_tokens.saturating_sub(decoding).max(floor).saturating_sub(self.planned.len());
+    /// Add chunks of pending prompts to the plan, oldest request first, within the prompt
+    /// budget the policy gives a step with up to `decoding` decode rows, less the prompt
+    /// rows already planned (the step's buffers hold `step_tokens + max_running` rows).
+    fn plan_prompts(&mut self, decoding: usize, plan: &mut StepPlan) {
+        let mut budget = self.policy.prompt_budget(&self.load(decoding)).saturating_sub(plan.cost.prompt_tokens);
         for seq in &mut self.running {
             if budget == 0 {
                 break;
             }
-            if seq.done.is_some() || seq.scheduled >= seq.n_prompt {
+            if !seq.prompt_pending() {
                 continue;
             }
             let n = (seq.n_prompt - seq.scheduled).min(budget);
-            for pos in seq.scheduled..seq.scheduled + n {
-                let logits = pos + 1 == seq.n_prompt;
-                self.planned.push(StepRow::prompt(seq.tokens[pos], pos, seq.kv).with_logits(logits));
-            }
+            plan.push_chunk(seq.kv, seq.scheduled, &seq.tokens[seq.scheduled..seq.scheduled + n], seq.n_prompt);
             seq.scheduled += n;
             budget -= n;
         }

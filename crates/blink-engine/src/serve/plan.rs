@@ -1,0 +1,105 @@
+//! A step's plan, as plain data: what the scheduler decided, for the executor to run and
+//! for the update to fold back. It also carries what a latency model needs to predict the
+//! step's time. Its lists keep their capacity from step to step, so planning allocates
+//! nothing once the engine runs.
+
+use blink_model::{SeqId, StepRow};
+
+/// A chunk of one sequence's prompt in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub seq: SeqId,
+    /// Position of its first token.
+    pub start: usize,
+    pub len: usize,
+}
+
+/// What a step costs, in the terms a latency model is fitted on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepCost {
+    /// Prompt tokens evaluated.
+    pub prompt_tokens: usize,
+    /// Σ len² over the prompt chunks (attention within a chunk grows with its square).
+    pub chunk_tokens_squared: usize,
+    /// Decode rows.
+    pub decode_rows: usize,
+    /// Cached positions attention reads, over all rows.
+    pub context_tokens: usize,
+    /// Distinct adapters among the rows.
+    pub adapters: usize,
+}
+
+/// One step's plan.
+#[derive(Default)]
+pub struct StepPlan {
+    /// Sequences admitted for this step (by cache id).
+    pub admitted: Vec<SeqId>,
+    /// Sequences released before it (finished or cancelled in earlier steps).
+    pub released: Vec<SeqId>,
+    /// Prompt chunks, in row order after the decode rows.
+    pub chunks: Vec<Chunk>,
+    /// Sequences with a decode row, in row order.
+    pub decodes: Vec<SeqId>,
+    /// The rows: one per decode, then each chunk's tokens (complete once sealed).
+    pub rows: Vec<StepRow>,
+    /// The chunks' rows, planned before the decode rows are known.
+    prompt_rows: Vec<StepRow>,
+    pub cost: StepCost,
+}
+
+impl StepPlan {
+    /// A plan whose lists hold a step of up to `max_rows` rows over `max_running`
+    /// sequences without growing.
+    pub fn with_capacity(max_rows: usize, max_running: usize) -> StepPlan {
+        StepPlan {
+            admitted: Vec::with_capacity(max_running),
+            released: Vec::with_capacity(max_running),
+            chunks: Vec::with_capacity(max_running),
+            decodes: Vec::with_capacity(max_running),
+            rows: Vec::with_capacity(max_rows),
+            prompt_rows: Vec::with_capacity(max_rows),
+            cost: StepCost::default(),
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.admitted.clear();
+        self.released.clear();
+        self.chunks.clear();
+        self.decodes.clear();
+        self.rows.clear();
+        self.prompt_rows.clear();
+        self.cost = StepCost::default();
+    }
+
+    /// Rows wanting logits (decode rows and the prompts' last tokens).
+    pub fn logit_rows(&self) -> usize {
+        self.rows.iter().filter(|r| r.logits).count()
+    }
+
+    /// Add a decode row (they go ahead of the chunks' rows).
+    pub(super) fn push_decode(&mut self, row: StepRow) {
+        self.decodes.push(row.seq);
+        self.cost.decode_rows += 1;
+        self.cost.context_tokens += row.pos + 1;
+        self.rows.push(row);
+    }
+
+    /// Add a chunk of `tokens` at `start` of sequence `seq`, whose prompt has `n_prompt`
+    /// tokens (its last one wants logits).
+    pub(super) fn push_chunk(&mut self, seq: SeqId, start: usize, tokens: &[u32], n_prompt: usize) {
+        let len = tokens.len();
+        self.chunks.push(Chunk { seq, start, len });
+        self.prompt_rows.extend(tokens.iter().enumerate().map(|(i, &t)| StepRow::prompt(t, start + i, seq).with_logits(start + i + 1 == n_prompt)));
+        let c = &mut self.cost;
+        c.prompt_tokens += len;
+        c.chunk_tokens_squared += len * len;
+        // Row i of the chunk attends start + i + 1 positions.
+        c.context_tokens += len * start + len * (len + 1) / 2;
+    }
+
+    /// The rows are complete: the chunks' rows follow the decode rows.
+    pub(super) fn seal(&mut self) {
+        self.rows.extend_from_slice(&self.prompt_rows);
+    }
+}
