@@ -13,6 +13,9 @@ use blink_kernels::numa::{NodePool, NumaError, Topology};
 
 use crate::config::ModelConfig;
 
+/// Most parts (NUMA nodes) a model may be split into.
+pub const MAX_PARTS: usize = 16;
+
 /// How the model is spread over the machine.
 #[derive(Clone, Debug)]
 pub struct Placement {
@@ -40,11 +43,11 @@ impl Placement {
     }
 
     /// The placement when none is asked for: tensor parallel on a machine of 2 to
-    /// [`MAX_PARTS`](crate::forward::MAX_PARTS) nodes, else one flat pool, with a note
+    /// [`MAX_PARTS`] nodes, else one flat pool, with a note
     /// when there are more nodes than parts.
     pub fn automatic(topology: Topology, threads: usize) -> (Placement, Option<String>) {
         let nodes = topology.n_nodes();
-        let max = crate::forward::MAX_PARTS;
+        let max = MAX_PARTS;
         match nodes {
             2.. if nodes <= max => (Placement::tensor_parallel(topology, threads), None),
             1 => (Placement::flat(threads), None),

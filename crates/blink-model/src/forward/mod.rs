@@ -22,7 +22,7 @@ use std::time::Duration;
 use crate::kv_cache::{KvBlocks, KvCache, KvError, KvType, SeqId};
 use crate::Model;
 
-pub use pass::MAX_PARTS;
+pub use crate::placement::MAX_PARTS;
 pub use scratch::Scratch;
 pub use step::{AdapterSlot, RowKind, Step, StepInput, StepOutput, StepRow};
 

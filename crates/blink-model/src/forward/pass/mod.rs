@@ -29,13 +29,10 @@ use blink_kernels::pool::SharedMut;
 use super::scratch::PartScratch;
 use super::{Scratch, Step, StepInput, StepOutput, StepRow};
 use crate::kv_cache::{KvData, KvElem, KvShard, KvStore, TableSnapshot};
-use crate::placement::Part;
+use crate::placement::{Part, MAX_PARTS};
 use crate::weights::Weights;
 use crate::Model;
 use buffers::{Buf, PartView, Shared, Write};
-
-/// Most parts (NUMA nodes) a model may be split into.
-pub const MAX_PARTS: usize = 16;
 
 /// The cache element store of a shard, by type.
 pub(super) trait StoreOf: KvElem + blink_kernels::numa::Zeroable {
