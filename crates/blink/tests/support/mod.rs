@@ -67,11 +67,14 @@ pub const THREADS: &str = "2";
 pub const STUCK: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The CPU time `pid` has used so far, in clock ticks (user and system, all its threads);
-/// `None` once it is gone.
+/// `None` once it has exited (a zombie, or reaped).
 pub fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After the command name, in parentheses: state, then 10 fields, then utime and stime.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if matches!(fields.first(), Some(&("Z" | "X"))) {
+        return None;
+    }
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
@@ -79,7 +82,7 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
 /// [`Watchdog::output`]) nor CPU time. A stuck child (waiting for input that never comes,
 /// or deadlocked) is killed, which ends its output and any write to it, so the test fails
 /// with what it saw instead of hanging; a child that computes or writes is left to take as
-/// long as it needs. Stops once the child is gone, or when dropped.
+/// long as it needs. Stops once the child has exited, or when dropped.
 pub struct Watchdog {
     output: std::sync::Arc<std::sync::atomic::AtomicU64>,
     fired: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -101,14 +104,14 @@ impl Watchdog {
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(Duration::from_millis(200)) {
                 let now = progress();
                 if now.1.is_none() {
-                    return; // gone
+                    return; // exited
                 }
                 if now != seen {
                     (seen, since) = (now, Instant::now());
                 } else if since.elapsed() > STUCK {
                     fire.store(true, Ordering::Relaxed);
-                    // SAFETY: signalling our own child, still there a moment ago (its
-                    // /proc entry goes when it is reaped).
+                    // SAFETY: signalling our own child, running a moment ago, so not
+                    // reaped (it is reaped only after it exits).
                     unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
                     return;
                 }
