@@ -16,9 +16,13 @@ if (!url) {
 }
 const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
 const profile = mkdtempSync(join(tmpdir(), "blink-chromium-"));
+// Every wait below follows the page (an element, a text, a button's state); its limit,
+// two minutes, is only a safety net, far beyond what a slow, busy machine needs.
+const patience = 120_000;
 const context = await chromium.launchPersistentContext(profile, {
   executablePath,
   headless: true,
+  timeout: patience,
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"],
 });
@@ -32,7 +36,7 @@ const fail = async (msg) => {
 
 try {
   const page = await context.newPage();
-  page.setDefaultTimeout(120_000);
+  page.setDefaultTimeout(patience);
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
   const chatBodies = [];

@@ -10,7 +10,7 @@ mod support;
 
 use blink_engine::serve::{Engine, EngineConfig, Request, SubmitError};
 use blink_engine::SamplingParams;
-use support::{collect, config, greedy, model, next_is_token, settled, solo};
+use support::{collect, collect_watched, config, greedy, model, next_is_token, settled, solo};
 
 #[test]
 fn batched_requests_match_their_solo_runs() {
@@ -140,13 +140,20 @@ fn requests_arriving_mid_step_join_the_next_step() {
     let solos: Vec<Vec<u32>> = prompts.iter().map(|p| solo(&model, &tok, p, 10)).collect();
     let engine = Engine::start(model.clone(), tok.eog_ids().to_vec(), config()).unwrap();
     // A long request keeps a step computing at any moment; the others arrive while one
-    // does (a millisecond after a token event, which goes out as a step starts).
+    // does. A token event goes out as a step starts, just before the plan beside it takes
+    // the requests that have arrived; once that plan's statistics are published (they count
+    // one more finished step), the step computes, and a request submitted then is late.
     let long = greedy(tok.encode("Write a long story about a lighthouse keeper.", false, true), 200);
     let mut lead = engine.submit(Request { ignore_eos: true, ..long }).unwrap();
     let mut subs = Vec::new();
     for prompt in &prompts {
         assert!(next_is_token(&mut lead));
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        let steps = engine.stats().steps_total;
+        let deadline = std::time::Instant::now() + support::STUCK;
+        while engine.stats().steps_total == steps {
+            assert!(std::time::Instant::now() < deadline, "no step for {:?}: {:?}", support::STUCK, engine.stats());
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
         subs.push(engine.submit(greedy(prompt.clone(), 10)).unwrap());
     }
     for (sub, solo) in subs.iter_mut().zip(&solos) {
@@ -225,12 +232,9 @@ fn a_request_needing_the_whole_cache_runs_on_a_cached_prefix() {
     let prompt = tok.encode("The history of the bicycle begins in the early nineteenth century, when", false, true);
     assert!(prompt.len() % 16 != 0, "the prompt should end inside a block");
     let request = greedy(prompt.clone(), 512 - prompt.len());
-    let run = |request: Request| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let mut sub = engine.submit(request).unwrap();
-        std::thread::spawn(move || tx.send(collect(&mut sub)));
-        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the request should be served")
-    };
+    // A request that is never served fails here instead of hanging: each event must come
+    // within `STUCK` of the one before, however long the whole request takes.
+    let run = |request: Request| collect_watched(engine.submit(request).unwrap());
     let first = run(request.clone());
     // Again: its prompt is cached now, and attaching it must not keep it from the cache.
     let again = run(request);

@@ -157,7 +157,7 @@ fn browsers_on_other_origins_may_call_the_api() {
     let answer = block_on(async {
         let mut s = TcpStream::connect(guarded().server.addr()).await.unwrap();
         s.write_all(preflight.as_bytes()).await.unwrap();
-        read_until_closed(&mut s, Duration::from_secs(10)).await.expect("the server closes after answering")
+        read_until_closed(&mut s, STUCK).await.expect("the server closes after answering")
     });
     let answer = String::from_utf8_lossy(&answer).to_lowercase();
     assert!(answer.starts_with("http/1.1 204"), "{answer}");
@@ -282,18 +282,27 @@ fn slowloris_headers_and_bodies_are_cut_off_while_others_are_served() {
         // A connection that never sends anything.
         let mut silent = TcpStream::connect(addr).await.unwrap();
 
-        // Meanwhile a normal client is served.
-        let t = Instant::now();
-        let r = client().post_json("/v1/chat/completions", &hello(json!({}))).await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-
+        // Meanwhile a normal client is served, however long that takes, while the three are
+        // cut off by the server's 2 s timeouts. This wait is a bound on time because the
+        // timeouts are what is tested: within 8 s of now, short of the defaults (10 s for
+        // headers, 30 s for bodies); a timer fires on time on a slow machine too, only its
+        // close is scheduled a little later.
         let limit = Duration::from_secs(8);
-        read_until_closed(&mut slow_head, limit).await.expect("the slow-header connection was not closed");
-        let answer = read_until_closed(&mut slow_body, limit).await.expect("the slow-body connection was not closed");
+        let normal = async {
+            let r = client().post_json("/v1/chat/completions", &hello(json!({}))).await.unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+        };
+        let ((), head, body, silent) = tokio::join!(
+            normal,
+            read_until_closed(&mut slow_head, limit),
+            read_until_closed(&mut slow_body, limit),
+            read_until_closed(&mut silent, limit),
+        );
+        head.expect("the slow-header connection was not closed");
+        let answer = body.expect("the slow-body connection was not closed");
         let answer = String::from_utf8_lossy(&answer);
         assert!(answer.starts_with("HTTP/1.1 408"), "slow body answered: {answer}");
-        read_until_closed(&mut silent, limit).await.expect("the silent connection was not closed");
-        assert!(t.elapsed() < Duration::from_secs(12), "closing took {:?}", t.elapsed());
+        silent.expect("the silent connection was not closed");
     });
     still_serving();
 }
@@ -304,7 +313,7 @@ fn garbage_request_lines_get_closed() {
     block_on(async {
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n").await.unwrap();
-        let got = read_until_closed(&mut s, Duration::from_secs(5)).await.expect("closed");
+        let got = read_until_closed(&mut s, STUCK).await.expect("closed");
         let text = String::from_utf8_lossy(&got);
         assert!(got.is_empty() || text.starts_with("HTTP/1.1 400"), "{text}");
     });
@@ -315,7 +324,7 @@ fn garbage_request_lines_get_closed() {
 fn a_client_gone_mid_stream_or_mid_answer_frees_its_sequence() {
     // Its own server, so other tests' requests cannot blur the engine's counters.
     let server = TestServer::start(ServerOptions::default(), model_options());
-    let before = server.wait_idle(Duration::from_secs(5));
+    let before = server.wait_idle();
     let body = json!({
         "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
         "max_tokens": 900, "ignore_eos": true, "temperature": 0, "stream": true,
@@ -333,7 +342,7 @@ fn a_client_gone_mid_stream_or_mid_answer_frees_its_sequence() {
         assert!(server.stats().running > 0, "nothing running: {:?}", server.stats());
         drop(streams); // the clients vanish mid-stream
     });
-    let streamed = server.wait_idle(Duration::from_secs(10));
+    let streamed = server.wait_idle();
     assert_eq!(streamed.kv_blocks_used, before.kv_blocks_used);
     assert!(streamed.generated_tokens_total < 3 * 900, "the cancelled streams ran on: {streamed:?}");
     // A client waiting for a whole (non-streaming) answer vanishes once generation starts.
@@ -344,14 +353,14 @@ fn a_client_gone_mid_stream_or_mid_answer_frees_its_sequence() {
         let request = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}", payload.len());
         let mut waiting = TcpStream::connect(server.server.addr()).await.unwrap();
         waiting.write_all(request.as_bytes()).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + STUCK;
         while server.stats().running == 0 {
             assert!(Instant::now() < deadline, "the request never started");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         drop(waiting);
     });
-    let after = server.wait_idle(Duration::from_secs(10));
+    let after = server.wait_idle();
     assert_eq!(after.kv_blocks_used, before.kv_blocks_used);
     assert!(after.generated_tokens_total - streamed.generated_tokens_total < 900, "the cancelled request ran on: {after:?}");
     // /metrics agrees: three streams answered 200, one request left unanswered. And the
@@ -384,7 +393,7 @@ fn a_full_queue_is_503_and_loading_is_503() {
         assert!(r.headers.contains_key("retry-after"));
         drop((a, b));
     });
-    server.wait_idle(Duration::from_secs(10));
+    server.wait_idle();
 
     // Bound but not loaded: health and the API say 503.
     block_on(async {

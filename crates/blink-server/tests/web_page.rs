@@ -13,7 +13,7 @@ use support::*;
 #[test]
 fn chat_page_streams_a_conversation_in_headless_chromium() {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(Path::new(&chromium).exists(), "{chromium} is missing: install Chromium (`apt-get install -y chromium`, as .ci/run does) or set CHROMIUM");
+    assert!(Path::new(&chromium).exists(), "{chromium} is missing: install Chromium (`apt-get install -y chromium`, as scripts/test.sh does) or set CHROMIUM");
     let web = repo_root().join("tests/web");
     assert!(
         web.join("node_modules/playwright-core").is_dir(),

@@ -136,7 +136,6 @@ fn pty() -> (std::fs::File, std::fs::File) {
 fn a_long_message_pasted_into_a_terminal_arrives_whole() {
     use std::io::Read;
     use std::sync::mpsc;
-    use std::time::Duration;
     let model = model_path();
     let (mut master, slave) = pty();
     let mut child = Command::new(env!("CARGO_BIN_EXE_blink"))
@@ -147,21 +146,18 @@ fn a_long_message_pasted_into_a_terminal_arrives_whole() {
         .stderr(slave)
         .spawn()
         .unwrap();
-    // A stuck chat fails the test instead of hanging it: past the deadline the child is
-    // killed, which also ends any write to the terminal.
-    let (done, deadline) = mpsc::channel::<()>();
-    let pid = child.id() as libc::pid_t;
-    std::thread::spawn(move || {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = deadline.recv_timeout(Duration::from_secs(240)) {
-            // SAFETY: the child is not yet reaped (the test is still waiting on it).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    });
+    // A stuck chat fails the test instead of hanging it: once it makes no progress (no
+    // output, no CPU time) for `STUCK`, the watchdog kills it, which ends its output and any
+    // write to the terminal. A busy machine only makes it slower: the long prompt may take
+    // as long as it needs to compute.
+    let watchdog = Watchdog::start(child.id());
     let (tx, rx) = mpsc::channel();
     let mut reader = master.try_clone().unwrap();
+    let output = watchdog.output();
     std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
         while let Ok(n @ 1..) = reader.read(&mut buf) {
+            output.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if tx.send(buf[..n].to_vec()).is_err() {
                 break;
             }
@@ -169,11 +165,12 @@ fn a_long_message_pasted_into_a_terminal_arrives_whole() {
     });
     let mut seen = String::new();
     // Waits until `what` appears after byte `from` of the output; returns where it ends.
+    // The output ends only when the chat does (or the watchdog killed it).
     let wait_for = |what: &str, from: usize, seen: &mut String| loop {
         if let Some(at) = seen[from..].find(what) {
             return from + at + what.len();
         }
-        let chunk = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no {what:?} in {seen:?}"));
+        let chunk = rx.recv().unwrap_or_else(|_| panic!("no {what:?} before the chat ended (stuck, killed: {}): {seen:?}", watchdog.fired()));
         seen.push_str(&String::from_utf8_lossy(&chunk));
     };
     // The prompt: the line editor has the terminal, in raw mode.
@@ -193,9 +190,11 @@ fn a_long_message_pasted_into_a_terminal_arrives_whole() {
     // raw mode then reads as a NUL byte.
     wait_for("> ", at, &mut seen);
     master.write_all(b"\x04").unwrap();
+    // Reaped with the watchdog still on, which stops once the child is gone.
     let status = child.wait().unwrap();
-    drop(done);
-    assert!(status.success(), "{status:?}: {seen}");
+    let fired = watchdog.fired();
+    drop(watchdog);
+    assert!(status.success() && !fired, "{status:?} (stuck, killed: {fired}): {seen}");
     let evaluated: usize = seen.rsplit("[prompt ").next().unwrap().split(' ').next().unwrap().parse().unwrap();
     // "ab" and " ab" are a token each: 2000 of them, and the template's own tokens.
     assert!(evaluated > 2000, "only {evaluated} prompt tokens arrived");

@@ -8,11 +8,15 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
-/// The `Cpus_allowed_list` of `pid`'s thread named `name`, once it exists.
-fn thread_cpus(child: &Child, name: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
+/// The `Cpus_allowed_list` of `pid`'s thread named `name`, once it exists (the chat starts
+/// it as it loads the model); fails at once if the chat ends first.
+fn thread_cpus(child: &mut Child, name: &str) -> String {
+    let deadline = Instant::now() + STUCK;
     let tasks = format!("/proc/{}/task", child.id());
     loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the chat ended ({status}) before it had a thread {name}");
+        }
         for task in std::fs::read_dir(&tasks).unwrap().flatten() {
             let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
             if comm.trim() == name {
@@ -20,7 +24,7 @@ fn thread_cpus(child: &Child, name: &str) -> String {
                 return status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
             }
         }
-        assert!(Instant::now() < deadline, "no thread {name} in {tasks}");
+        assert!(Instant::now() < deadline, "no thread {name} in {tasks} after {STUCK:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -47,7 +51,7 @@ fn compute_threads_are_pinned_to_their_node_unless_asked_not_to() {
     let second = blink_kernels::numa::Topology::simulated(2).nodes()[1].cpus.clone();
     for (no_pin, expected) in [(false, blink_kernels::numa::format_cpulist(&second)), (true, allowed.clone())] {
         let mut child = waiting_chat(no_pin);
-        let got = thread_cpus(&child, "blink-compute-1");
+        let got = thread_cpus(&mut child, "blink-compute-1");
         drop(child.stdin.take());
         assert!(child.wait().unwrap().success());
         assert_eq!(got, expected, "BLINK_NO_PIN {no_pin}: the compute thread may run on {got}");

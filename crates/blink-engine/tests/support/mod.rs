@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use blink_engine::serve::{Engine, EngineConfig, Event, Request};
 use blink_engine::{FinishReason, GenerateParams, SamplingParams, Session, SessionConfig};
@@ -52,11 +53,42 @@ pub fn next_is_token(sub: &mut blink_engine::serve::Submission) -> bool {
     }
 }
 
+/// How long a test waits for the engine to show any progress (an event, a change of state)
+/// before it calls the engine stuck. Only a safety net: waits follow the engine's events and
+/// state, and a busy or slow machine makes progress slower, never stop; this is many times
+/// what the slowest step takes on a machine three times slower than a loaded CI machine.
+pub const STUCK: Duration = Duration::from_secs(120);
+
 /// Collect a submission's tokens and finish reason.
 pub fn collect(sub: &mut blink_engine::serve::Submission) -> (Vec<u32>, FinishReason, usize) {
+    collect_events(|| sub.blocking_next())
+}
+
+/// As [`collect`], but failing if the engine sends no event for [`STUCK`] (a request that
+/// is never served fails the test instead of hanging it). The request may take as long as
+/// it needs, as long as its events keep coming.
+pub fn collect_watched(sub: blink_engine::serve::Submission) -> (Vec<u32>, FinishReason, usize) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut sub = sub;
+    std::thread::spawn(move || loop {
+        let event = sub.blocking_next();
+        let last = !matches!(event, Some(Event::Admitted { .. } | Event::Token { .. }));
+        if tx.send(event).is_err() || last {
+            return;
+        }
+    });
+    let mut seen = 0;
+    collect_events(|| {
+        let event = rx.recv_timeout(STUCK).unwrap_or_else(|_| panic!("no event from the engine for {STUCK:?} after {seen} events: it is stuck"));
+        seen += 1;
+        event
+    })
+}
+
+fn collect_events(mut next: impl FnMut() -> Option<Event>) -> (Vec<u32>, FinishReason, usize) {
     let mut tokens = Vec::new();
     loop {
-        match sub.blocking_next().expect("stream ends with Finished") {
+        match next().expect("stream ends with Finished") {
             Event::Admitted { .. } => {}
             Event::Token { id, .. } => tokens.push(id),
             Event::Finished { reason, usage } => {
@@ -98,16 +130,16 @@ pub fn batched_requests_match_their_solo_runs(model: Arc<Model>, tok: &Tokenizer
 }
 
 /// Wait until the engine has nothing running and holds no cache blocks (stats are published
-/// at the end of each step, just after the last events).
+/// at the end of each step, just after the last events; settling takes a step or two).
 pub fn settled(engine: &Engine) -> blink_engine::serve::EngineStats {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = Instant::now() + STUCK;
     loop {
         let s = engine.stats();
         if s.running == 0 && s.kv_blocks_used == 0 {
             return s;
         }
-        assert!(std::time::Instant::now() < deadline, "the engine still holds work or cache: {s:?}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(Instant::now() < deadline, "the engine still holds work or cache after {STUCK:?}: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -143,24 +143,40 @@ mod tests {
         }
     }
 
-    /// A thread that computes slowly is helped: the others take most of its share.
+    /// A thread that computes slowly is helped: the others take most of its share. The slow
+    /// thread is held in its first chunk until the others have done every other item (a
+    /// thread on a very busy core), rather than slowed by a fixed sleep, so the outcome
+    /// depends on no thread being scheduled in time: a busy machine only delays it.
     #[test]
     fn a_slow_thread_is_helped() {
         let pool = NodePool::new(&Topology::simulated(1), &[3]).unwrap();
+        let n = 3 * 64;
+        let started = AtomicUsize::new(0);
         let done_by_slow = AtomicUsize::new(0);
         let total = AtomicUsize::new(0);
+        // Only if nobody helps: then the slow thread does its whole share after this.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
         pool.run(|w| {
-            for r in w.claim(3 * 64, 1, 1) {
+            let claims = w.claim(n, 1, 1);
+            // The others take chunks of a share only once its owner has started the loop,
+            // which a thread scheduled late may not have yet.
+            started.fetch_add(1, Ordering::AcqRel);
+            while started.load(Ordering::Acquire) < 3 {
+                std::thread::yield_now();
+            }
+            for r in claims {
                 if w.tid_in_node == 0 {
-                    std::thread::sleep(Duration::from_millis(20));
+                    while total.load(Ordering::Acquire) + r.len() < n && std::time::Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     done_by_slow.fetch_add(r.len(), Ordering::Relaxed);
                 }
-                total.fetch_add(r.len(), Ordering::Relaxed);
+                total.fetch_add(r.len(), Ordering::AcqRel);
             }
         });
-        assert_eq!(total.load(Ordering::Relaxed), 3 * 64);
-        // Its own share is 64 items in 16 chunks of 4; alone it would take 320 ms, while
-        // the others finish theirs at once and take what is left.
+        assert_eq!(total.load(Ordering::Relaxed), n);
+        // Its own share is 64 items in 16 chunks of 4; the others finish theirs and take
+        // what is left of it while it holds its first.
         assert!(done_by_slow.load(Ordering::Relaxed) < 32, "the slow thread did {} of its 64", done_by_slow.load(Ordering::Relaxed));
     }
 

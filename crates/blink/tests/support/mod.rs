@@ -59,3 +59,74 @@ pub fn ok(o: &Output) {
 
 /// Threads for tests: two, the size of the machines this runs on.
 pub const THREADS: &str = "2";
+
+/// How long a child `blink` may make no progress at all (no output, no CPU time) before a
+/// test calls it stuck. Only a safety net: a slow or busy machine makes a child's progress
+/// slower, never stop it, and this is many times the longest pause of a child that works
+/// (a scheduler gives every runnable process the CPU within a fraction of a second).
+pub const STUCK: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The CPU time `pid` has used so far, in clock ticks (user and system, all its threads);
+/// `None` once it has exited (a zombie, or reaped).
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, in parentheses: state, then 10 fields, then utime and stime.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if matches!(fields.first(), Some(&("Z" | "X"))) {
+        return None;
+    }
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Kills a child that makes no progress for [`STUCK`]: neither output (counted through
+/// [`Watchdog::output`]) nor CPU time. A stuck child (waiting for input that never comes,
+/// or deadlocked) is killed, which ends its output and any write to it, so the test fails
+/// with what it saw instead of hanging; a child that computes or writes is left to take as
+/// long as it needs. Stops once the child has exited, or when dropped.
+pub struct Watchdog {
+    output: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    fired: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    _stop: std::sync::mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    pub fn start(pid: u32) -> Watchdog {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::{mpsc, Arc};
+        use std::time::{Duration, Instant};
+        let output = Arc::new(AtomicU64::new(0));
+        let fired = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (out, fire) = (output.clone(), fired.clone());
+        std::thread::spawn(move || {
+            let progress = || (out.load(Ordering::Relaxed), cpu_ticks(pid));
+            let (mut seen, mut since) = (progress(), Instant::now());
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(Duration::from_millis(200)) {
+                let now = progress();
+                if now.1.is_none() {
+                    return; // exited
+                }
+                if now != seen {
+                    (seen, since) = (now, Instant::now());
+                } else if since.elapsed() > STUCK {
+                    fire.store(true, Ordering::Relaxed);
+                    // SAFETY: signalling our own child, running a moment ago, so not
+                    // reaped (it is reaped only after it exits).
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                    return;
+                }
+            }
+        });
+        Watchdog { output, fired, _stop: stop }
+    }
+
+    /// A counter to bump at each piece of the child's output.
+    pub fn output(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.output.clone()
+    }
+
+    /// Whether the child was killed for making no progress.
+    pub fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
