@@ -1,15 +1,14 @@
 //! Blink's engine: what turns a model into answers.
 //!
-//! Owns sampling, stop handling, single-conversation sessions (`run`, `chat`) and
-//! evaluation (perplexity). It drives `blink-model`'s forward pass and never touches
-//! kernels or file formats directly.
+//! Owns sampling, single-conversation sessions (`run`, `chat`), the continuous-batching
+//! serving engine and evaluation (perplexity). It drives `blink-model`'s forward pass and
+//! `blink-text`'s text handling, and never touches kernels or file formats directly.
 
 pub mod perplexity;
 pub mod rng;
 pub mod sampling;
 pub mod serve;
 pub mod session;
-pub mod stop;
 
 use blink_model::kv_cache::KvError;
 use blink_model::ForwardError;

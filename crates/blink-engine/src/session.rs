@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use blink_kernels::numa::NodePool;
-use blink_model::tokenizer::{StreamDecoder, Tokenizer};
 use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, SeqId, StepRow};
+use blink_text::stop::{StopMatcher, StopScan};
+use blink_text::tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::sampling::{Sampler, SamplingParams};
-use crate::stop::{StopMatcher, StopScan};
 use crate::EngineError;
 
 /// Sizes of a session.

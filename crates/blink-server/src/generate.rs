@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use blink_engine::serve::{Event, Request, Submission, Usage};
-use blink_engine::stop::{StopMatcher, StopScan};
 use blink_engine::{FinishReason, SamplingParams};
-use blink_model::StreamDecoder;
+use blink_text::stop::{StopMatcher, StopScan};
+use blink_text::StreamDecoder;
 
 use crate::error::ApiError;
 use crate::openai::request::Common;

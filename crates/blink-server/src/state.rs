@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use blink_engine::serve::{Engine, EngineConfig};
 use blink_gguf::GgufFile;
-use blink_model::{ChatMessage, ChatTemplate, KvType, Model, Placement, Tokenizer};
+use blink_model::{KvType, Model, Placement};
+use blink_text::{ChatMessage, ChatTemplate, Tokenizer};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;

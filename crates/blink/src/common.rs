@@ -3,9 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use blink_gguf::GgufFile;
-use blink_model::chat_template::ChatTemplate;
-use blink_model::tokenizer::Tokenizer;
 use blink_model::{KvType, Model, Placement};
+use blink_text::chat_template::ChatTemplate;
+use blink_text::tokenizer::Tokenizer;
 use clap::Args;
 
 /// Errors of the CLI: one line each.
@@ -379,7 +379,7 @@ impl SamplingArgs {
 /// The prompt for a reply to `messages`, with the model's chat template.
 pub fn chat_prompt(
     loaded: &Loaded,
-    messages: &[blink_model::chat_template::ChatMessage],
+    messages: &[blink_text::chat_template::ChatMessage],
 ) -> CliResult<Vec<u32>> {
     let template = loaded
         .template

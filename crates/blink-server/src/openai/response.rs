@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blink_engine::serve::Usage;
-use blink_model::Tokenizer;
+use blink_text::Tokenizer;
 use serde_json::{json, Map, Value};
 
 use crate::generate::TokenOut;

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use blink_engine::{GenerateParams, Session};
-use blink_model::chat_template::ChatMessage;
+use blink_text::chat_template::ChatMessage;
 
 use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, PromptArgs, SamplingArgs};
 

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use blink_engine::{GenerateParams, Session};
-use blink_model::chat_template::{ChatMessage, ChatTemplate};
+use blink_text::chat_template::{ChatMessage, ChatTemplate};
 
 use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
 use input::{Input, Reader};

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use blink_gguf::GgufFile;
-use blink_model::chat_template::{ChatMessage, ChatTemplate, TemplateError};
+use blink_text::chat_template::{ChatMessage, ChatTemplate, TemplateError};
 use serde_json::Value;
 
 fn model_path() -> PathBuf {
@@ -230,7 +230,7 @@ fn backslash_newlines_in_string_literals_continue_the_line() {
 fn a_final_assistant_message_is_continued() {
     let file = GgufFile::open(model_path()).expect("default model");
     let tmpl = ChatTemplate::from_gguf(&file).unwrap().unwrap();
-    let tok = blink_model::tokenizer::Tokenizer::from_gguf(&file).unwrap();
+    let tok = blink_text::tokenizer::Tokenizer::from_gguf(&file).unwrap();
     let question = [msg("user", "What is the capital of France?")];
     let prefix = "The capital of France is";
     let continued = tmpl.prompt_tokens(&tok, &[question[0].clone(), msg("assistant", prefix)]).unwrap();

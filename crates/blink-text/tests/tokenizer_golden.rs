@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use blink_gguf::GgufFile;
-use blink_model::tokenizer::{StreamDecoder, Tokenizer};
+use blink_text::tokenizer::{StreamDecoder, Tokenizer};
 use serde_json::Value;
 
 /// `$BLINK_MODEL`, else the default model (fetched on first use).

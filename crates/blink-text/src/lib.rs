@@ -1,0 +1,13 @@
+//! Blink's text side: what turns text into token ids and token ids back into text.
+//!
+//! Owns the tokenizer (llama.cpp-compatible, read from GGUF metadata), the chat template
+//! and stop strings. It touches no numerics, models or scheduling: it knows token ids and
+//! text, never logits, weights or requests.
+
+pub mod chat_template;
+pub mod stop;
+pub mod tokenizer;
+
+pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
+pub use stop::{StopMatcher, StopScan};
+pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
