@@ -105,7 +105,7 @@ pub fn completion_logprobs(tok: &Tokenizer, tokens: &[TokenOut]) -> Value {
             top.entry(completion_token_text(tok, id)).or_insert(json!(lp));
         }
         tops.push(Value::Object(top));
-        offsets.push(json!(t.char_offset));
+        offsets.push(json!(t.start.chars));
     }
     json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
 }
