@@ -1,9 +1,11 @@
 //! Blink's engine: what turns a model into answers.
 //!
-//! Owns sampling, single-conversation sessions (`run`, `chat`), the continuous-batching
-//! serving engine and evaluation (perplexity). It drives `blink-model`'s forward pass and
-//! `blink-text`'s text handling, and never touches kernels or file formats directly.
+//! Owns loading a model file with its tokenizer and chat template (`loader`), sampling,
+//! single-conversation sessions (`run`, `chat`), the continuous-batching serving engine and
+//! evaluation (perplexity). It drives `blink-model`'s forward pass and `blink-text`'s text
+//! handling, and never touches kernels or file formats directly.
 
+pub mod loader;
 pub mod perplexity;
 pub mod rng;
 pub mod sampling;
@@ -14,6 +16,7 @@ use blink_model::kv_cache::KvError;
 use blink_model::ForwardError;
 use thiserror::Error;
 
+pub use loader::{LoadError, Loaded};
 pub use sampling::{Sampler, SamplingParams, MAX_REPEAT_LAST_N};
 pub use session::{FinishReason, GenerateParams, Generation, Session, SessionConfig};
 
