@@ -2,6 +2,8 @@
 //! Llama 3 / ChatML style templates written here, and Gemma / Phi-3 templates (no system
 //! role) against llama.cpp's own expected prompts.
 
+mod support;
+
 use std::path::PathBuf;
 
 use blink_gguf::GgufFile;
@@ -11,7 +13,7 @@ use serde_json::Value;
 fn model_path() -> PathBuf {
     match std::env::var_os("BLINK_MODEL").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
-        None => blink_model::fetch::ensure_default_model().expect("fetching the default model"),
+        None => support::fetch::ensure_default_model().expect("fetching the default model"),
     }
 }
 

@@ -2,6 +2,8 @@
 //! (testdata/golden/smollm2-135m-instruct-q4_1.json): tokenization, detokenization of generated
 //! text, prompt token counts of rendered chats, and speed on a 20 KB text.
 
+mod support;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -13,7 +15,7 @@ use serde_json::Value;
 fn model_path() -> PathBuf {
     match std::env::var_os("BLINK_MODEL").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
-        None => blink_model::fetch::ensure_default_model().expect("fetching the default model"),
+        None => support::fetch::ensure_default_model().expect("fetching the default model"),
     }
 }
 
