@@ -4,25 +4,10 @@
 
 mod support;
 
-use std::path::PathBuf;
-
 use blink_gguf::GgufFile;
 use blink_text::chat_template::{ChatMessage, ChatTemplate, TemplateError};
 use serde_json::Value;
-
-fn model_path() -> PathBuf {
-    match std::env::var_os("BLINK_MODEL").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => support::fetch::ensure_default_model().expect("fetching the default model"),
-    }
-}
-
-fn golden_dir() -> PathBuf {
-    match std::env::var_os("BLINK_GOLDEN_DIR").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden"),
-    }
-}
+use support::{golden_dir, model_path};
 
 fn msg(role: &str, content: &str) -> ChatMessage {
     ChatMessage::new(role, content)
