@@ -1,21 +1,23 @@
 //! Blink's engine: what turns a model into answers.
 //!
-//! Owns sampling, stop handling, single-conversation sessions (`run`, `chat`) and
-//! evaluation (perplexity). It drives `blink-model`'s forward pass and never touches
-//! kernels or file formats directly.
+//! Owns loading a model file with its tokenizer and chat template (`loader`), sampling,
+//! single-conversation sessions (`run`, `chat`), the continuous-batching serving engine and
+//! evaluation (perplexity). It drives `blink-model`'s forward pass and `blink-text`'s text
+//! handling, and never touches kernels or file formats directly.
 
+pub mod loader;
 pub mod perplexity;
 pub mod rng;
 pub mod runner;
 pub mod sampling;
 pub mod serve;
 pub mod session;
-pub mod stop;
 
 use blink_model::kv_cache::KvError;
 use blink_model::ForwardError;
 use thiserror::Error;
 
+pub use loader::{LoadError, Loaded};
 pub use sampling::{Sampler, SamplingParams, MAX_REPEAT_LAST_N};
 pub use runner::{Runner, RunnerConfig};
 pub use session::{FinishReason, GenerateParams, Generation, Session, SessionConfig};

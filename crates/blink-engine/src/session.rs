@@ -6,12 +6,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use blink_model::tokenizer::{StreamDecoder, Tokenizer};
 use blink_model::{KvType, Model, RowKind, SeqId, StepRow};
+use blink_text::{TextStream, Tokenizer};
 
 use crate::runner::{Runner, RunnerConfig};
 use crate::sampling::{Sampler, SamplingParams};
-use crate::stop::{StopMatcher, StopScan};
 use crate::EngineError;
 
 /// Sizes of a session.
@@ -188,8 +187,7 @@ impl<'m> Session<'m> {
         for &t in prompt {
             sampler.accept(t);
         }
-        let mut decoder = StreamDecoder::new(false);
-        let mut stops = StopMatcher::new(&params.stop);
+        let mut stream = TextStream::new(&params.stop);
         let mut text = String::new();
         let mut tokens = Vec::new();
         let mut finish = FinishReason::Length;
@@ -209,18 +207,12 @@ impl<'m> Session<'m> {
                 break;
             }
             tokens.push(token);
-            let piece = decoder.push(tok, token);
-            match stops.push(piece) {
-                StopScan::Continue(t) => {
-                    text.push_str(t);
-                    on_text(t);
-                }
-                StopScan::Stopped(t) => {
-                    text.push_str(t);
-                    on_text(t);
-                    finish = FinishReason::Stop;
-                    break;
-                }
+            let released = stream.push(tok, token);
+            text.push_str(released.text);
+            on_text(released.text);
+            if released.stopped {
+                finish = FinishReason::Stop;
+                break;
             }
             if tokens.len() >= max {
                 break;
@@ -232,18 +224,11 @@ impl<'m> Session<'m> {
             self.decode(token)?;
         }
         if finish == FinishReason::Length {
-            let tail = decoder.finish();
-            let flushed = match stops.push(&tail) {
-                StopScan::Continue(t) => t.to_string(),
-                StopScan::Stopped(t) => {
-                    finish = FinishReason::Stop;
-                    t.to_string()
-                }
-            };
-            let rest = if finish == FinishReason::Length { stops.finish() } else { String::new() };
-            for piece in [flushed, rest] {
-                text.push_str(&piece);
-                on_text(&piece);
+            let rest = stream.finish();
+            text.push_str(rest.text);
+            on_text(rest.text);
+            if rest.stopped {
+                finish = FinishReason::Stop;
             }
         }
         // The last sampled token is not yet in the cache; a following turn re-evaluates it.

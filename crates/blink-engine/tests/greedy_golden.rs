@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use blink_engine::{GenerateParams, SamplingParams, Session, SessionConfig};
-use blink_model::tokenizer::Tokenizer;
 use blink_model::{KvType, Model};
+use blink_text::tokenizer::Tokenizer;
 
 fn golden() -> serde_json::Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/smollm2-135m-instruct-q4_1.json");

@@ -1,11 +1,11 @@
 //! The model side of Blink: everything needed to turn token ids into logits.
 //!
-//! Owns GGUF-to-model mapping (config, weights), the tokenizer and chat template, the KV
-//! cache and the batched forward pass. It does not schedule requests or sample tokens
-//! (that is `blink-engine`), and its numerics live in `blink-kernels`.
+//! Owns GGUF-to-model mapping (config, weights), the KV cache and the batched forward pass.
+//! It does not schedule requests or sample tokens (that is `blink-engine`), knows no text
+//! (the tokenizer and chat template are `blink-text`'s), and its numerics live in
+//! `blink-kernels`.
 
 mod arena;
-pub mod chat_template;
 pub mod config;
 pub mod fetch;
 pub mod forward;
@@ -13,7 +13,6 @@ pub mod kv_cache;
 pub mod memory;
 pub mod placement;
 pub mod rope;
-pub mod tokenizer;
 pub mod weights;
 
 use std::path::Path;
@@ -24,12 +23,10 @@ use blink_kernels::numa::NumaError;
 use weights::{Home, Loader};
 use thiserror::Error;
 
-pub use chat_template::{ChatMessage, ChatTemplate, TemplateError};
 pub use config::{Arch, ModelConfig};
 pub use forward::{AdapterSlot, ForwardError, RowKind, Scratch, Step, StepInput, StepOutput, StepRow};
 pub use kv_cache::{KvCache, KvType, SeqId};
 pub use rope::Rope;
-pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 pub use placement::{Part, Placement, Plan};
 pub use weights::Weights;
 

@@ -1,20 +1,18 @@
 //! One request's generation, from the engine's token events to final text.
 //!
-//! The engine sends token ids; here they become text with `StreamDecoder` (which holds back
-//! partial UTF-8) and `StopMatcher` (which holds back possible beginnings of a stop string),
-//! so text is released only when final. When a stop string completes, the submission is
-//! dropped, which cancels the rest of the generation. Token log-probabilities are released
-//! with the text they start in. Server-side latency metrics (time to first token, time
-//! between tokens) are recorded here.
+//! The engine sends token ids; here they become text through a `TextStream` (which holds
+//! back partial UTF-8 and possible beginnings of a stop string), so text is released only
+//! when final. When a stop string completes, the submission is dropped, which cancels the
+//! rest of the generation. Token log-probabilities are released with the text they start in.
+//! Server-side latency metrics (time to first token, time between tokens) are recorded here.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use blink_engine::serve::{Event, Request, Submission, Usage};
-use blink_engine::stop::{StopMatcher, StopScan};
 use blink_engine::{FinishReason, SamplingParams};
-use blink_model::StreamDecoder;
+use blink_text::{TextOffset, TextStream};
 
 use crate::error::ApiError;
 use crate::openai::request::Common;
@@ -24,10 +22,8 @@ use crate::state::{App, Ready};
 #[derive(Clone, Debug)]
 pub struct TokenOut {
     pub id: u32,
-    /// Where its text starts in the completion, in characters.
-    pub char_offset: usize,
-    /// Where its text starts in the completion, in bytes.
-    byte_offset: usize,
+    /// Where its text starts in the completion.
+    pub start: TextOffset,
     pub logprob: f32,
     /// The most likely alternatives, best first.
     pub top: Vec<(u32, f32)>,
@@ -56,19 +52,13 @@ pub struct Generation {
     ready: Arc<Ready>,
     /// `None` once the request ended or was cancelled by a stop string.
     sub: Option<Submission>,
-    decoder: StreamDecoder,
-    stop: StopMatcher,
+    text: TextStream,
     logprobs: bool,
     prompt_tokens: usize,
     /// Prompt tokens the engine found in its prefix cache (told at admission).
     cached_tokens: usize,
     /// Token events read from the engine.
     consumed: usize,
-    /// Bytes and characters of decoded text so far.
-    raw_bytes: usize,
-    raw_chars: usize,
-    /// Bytes released to the client so far.
-    released: usize,
     pending: VecDeque<TokenOut>,
     started: Instant,
     last_token: Option<Instant>,
@@ -112,15 +102,11 @@ impl Generation {
             app,
             ready,
             sub: Some(sub),
-            decoder: StreamDecoder::new(false),
-            stop: StopMatcher::new(&common.stop),
+            text: TextStream::new(&common.stop),
             logprobs: common.logprobs.is_some(),
             prompt_tokens: n,
             cached_tokens: 0,
             consumed: 0,
-            raw_bytes: 0,
-            raw_chars: 0,
-            released: 0,
             pending: VecDeque::new(),
             started,
             last_token: None,
@@ -157,42 +143,26 @@ impl Generation {
                 Some(Event::Token { id, logprobs }) => {
                     self.on_token_timing();
                     self.consumed += 1;
-                    let text = self.decoder.push(&self.ready.tokenizer, id);
                     if self.logprobs {
                         let (logprob, top) = logprobs.map_or((0.0, Vec::new()), |l| (l.logprob, l.top));
-                        let t = TokenOut { id, char_offset: self.raw_chars, byte_offset: self.raw_bytes, logprob, top };
-                        self.pending.push_back(t);
+                        self.pending.push_back(TokenOut { id, start: self.text.decoded(), logprob, top });
                     }
-                    self.raw_bytes += text.len();
-                    self.raw_chars += text.chars().count();
-                    match self.stop.push(text) {
-                        StopScan::Continue(out) => {
-                            let piece = out.to_owned();
-                            self.released += piece.len();
-                            let tokens = self.ready_tokens();
-                            if !piece.is_empty() || !tokens.is_empty() {
-                                return Ok(Some(Piece { text: piece, tokens, end: None }));
-                            }
-                        }
-                        StopScan::Stopped(out) => {
-                            let piece = out.to_owned();
-                            return Ok(Some(self.stopped(piece)));
-                        }
+                    let released = self.text.push(&self.ready.tokenizer, id);
+                    let piece = released.text.to_owned();
+                    if released.stopped {
+                        return Ok(Some(self.stopped(piece)));
+                    }
+                    let tokens = self.ready_tokens();
+                    if !piece.is_empty() || !tokens.is_empty() {
+                        return Ok(Some(Piece { text: piece, tokens, end: None }));
                     }
                 }
                 Some(Event::Finished { reason, usage }) => {
-                    let rest = self.decoder.finish();
-                    self.raw_bytes += rest.len();
-                    self.raw_chars += rest.chars().count();
-                    let mut text = match self.stop.push(&rest) {
-                        StopScan::Continue(out) => out.to_owned(),
-                        StopScan::Stopped(out) => {
-                            let piece = out.to_owned();
-                            return Ok(Some(self.stopped(piece)));
-                        }
-                    };
-                    text.push_str(&self.stop.finish());
-                    self.released += text.len();
+                    let released = self.text.finish();
+                    let text = released.text.to_owned();
+                    if released.stopped {
+                        return Ok(Some(self.stopped(text)));
+                    }
                     let tokens: Vec<TokenOut> = self.pending.drain(..).collect();
                     let finish = match reason {
                         FinishReason::Stop => "stop",
@@ -218,9 +188,8 @@ impl Generation {
     /// A stop string completed: cancel the request and report what came before it.
     fn stopped(&mut self, text: String) -> Piece {
         self.sub = None;
-        self.released += text.len();
-        let released = self.released;
-        let tokens = self.pending.drain(..).filter(|t| t.byte_offset < released).collect();
+        let stream = &self.text;
+        let tokens = self.pending.drain(..).filter(|t| stream.is_released(t.start)).collect();
         let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.consumed, cached_tokens: self.cached_tokens };
         let end = self.end("stop", usage);
         Piece { text, tokens, end: Some(end) }
@@ -236,7 +205,7 @@ impl Generation {
     /// Pending tokens whose text starts inside the released text.
     fn ready_tokens(&mut self) -> Vec<TokenOut> {
         let mut out = Vec::new();
-        while self.pending.front().is_some_and(|t| t.byte_offset < self.released) {
+        while self.pending.front().is_some_and(|t| self.text.is_released(t.start)) {
             out.extend(self.pending.pop_front());
         }
         out

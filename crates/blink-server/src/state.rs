@@ -9,8 +9,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use blink_engine::serve::{Engine, EngineConfig};
-use blink_gguf::GgufFile;
-use blink_model::{ChatMessage, ChatTemplate, KvType, Model, Placement, Tokenizer};
+use blink_engine::Loaded;
+use blink_model::{KvType, Placement};
+use blink_text::{ChatMessage, ChatTemplate, Tokenizer};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -105,20 +106,18 @@ impl Ready {
     /// async runtime).
     pub fn load(opts: &ModelOptions) -> Result<Ready, String> {
         let path = &opts.path;
-        let with_path = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        let file = Arc::new(GgufFile::open(path).map_err(|e| with_path(&e))?);
         let threads = if opts.threads > 0 { opts.threads } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
         let placement = opts.placement.clone().unwrap_or_else(|| Placement::flat(threads));
-        let model = Model::from_gguf_placed(file.clone(), &placement).map_err(|e| with_path(&e))?;
-        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| with_path(&e))?;
-        let (template, warning) = ChatTemplate::from_gguf_or_chatml(&file).map_err(|e| with_path(&e))?;
-        if let Some(w) = warning {
-            eprintln!("blink: warning: {}", with_path(&w));
+        let mut loaded = Loaded::load(path, &placement).map_err(|e| e.to_string())?;
+        // As llama.cpp's server, a model without a template chats in ChatML.
+        if let Some(w) = loaded.chatml_if_missing() {
+            loaded.warnings.push(format!("{}: {w}", path.display()));
         }
-        let template = template.unwrap_or_else(|| {
-            eprintln!("blink: warning: {}", with_path(&ChatTemplate::MISSING));
-            ChatTemplate::chatml()
-        });
+        for w in &loaded.warnings {
+            eprintln!("blink: warning: {w}");
+        }
+        let Loaded { model, tokenizer, template, .. } = loaded;
+        let template = template.unwrap_or_else(ChatTemplate::chatml);
 
         let ctx = model.cfg.context_for(opts.ctx_size);
         if let Some(w) = model.cfg.context_warning(ctx) {
@@ -147,7 +146,7 @@ impl Ready {
         let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let model_id = file_name.strip_suffix(".gguf").unwrap_or(&file_name).to_owned();
         let mut aliases = vec![file_name.clone()];
-        if let Ok(Some(name)) = file.opt_str("general.name") {
+        if let Ok(Some(name)) = model.file().opt_str("general.name") {
             aliases.push(name.to_owned());
         }
         let eog = tokenizer.eog_ids().to_vec();

@@ -2,9 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use blink_engine::Loaded;
 use blink_gguf::GgufFile;
-use blink_model::chat_template::ChatTemplate;
-use blink_model::tokenizer::Tokenizer;
 use blink_model::{KvType, Model, Placement};
 use clap::Args;
 
@@ -270,44 +269,26 @@ impl ComputeArgs {
     }
 }
 
-/// Everything loaded from a model file.
-pub struct Loaded {
-    pub model: Model,
-    pub tokenizer: Tokenizer,
-    pub template: Option<ChatTemplate>,
+/// Load the model `args` names, first fixing the kernel path and placement if `compute`
+/// asks for them (flat on one thread otherwise); warnings go to stderr.
+pub fn load_model(args: &ModelArgs, compute: Option<&ComputeArgs>) -> CliResult<Loaded> {
+    let placement = match compute {
+        Some(c) => {
+            c.kernel.apply()?;
+            c.numa.placement(c.threads()?)?
+        }
+        None => Placement::flat(1),
+    };
+    load_model_placed(args, &placement)
 }
 
-impl Loaded {
-    pub fn load(args: &ModelArgs) -> CliResult<Loaded> {
-        Self::load_with(args, None)
+/// Load with an explicit placement (the kernel path must already be fixed).
+pub fn load_model_placed(args: &ModelArgs, placement: &Placement) -> CliResult<Loaded> {
+    let loaded = Loaded::load(&args.path()?, placement)?;
+    for w in &loaded.warnings {
+        eprintln!("blink: warning: {w}");
     }
-
-    /// Load, first fixing the kernel path if `compute` asks for one.
-    pub fn load_with(args: &ModelArgs, compute: Option<&ComputeArgs>) -> CliResult<Loaded> {
-        let placement = match compute {
-            Some(c) => {
-                c.kernel.apply()?;
-                c.numa.placement(c.threads()?)?
-            }
-            None => Placement::flat(1),
-        };
-        Self::load_placed(args, &placement)
-    }
-
-    /// Load with an explicit placement (the kernel path must already be fixed).
-    pub fn load_placed(args: &ModelArgs, placement: &Placement) -> CliResult<Loaded> {
-        let path = args.path()?;
-        let with_path = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-        let file = std::sync::Arc::new(GgufFile::open(&path).map_err(|e| with_path(&e))?);
-        // The architecture first: it is the most basic thing a file can get wrong.
-        let model = Model::from_gguf_placed(file.clone(), placement).map_err(|e| with_path(&e))?;
-        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| with_path(&e))?;
-        let (template, warning) = ChatTemplate::from_gguf_or_chatml(&file).map_err(|e| with_path(&e))?;
-        if let Some(w) = warning {
-            eprintln!("blink: warning: {}", with_path(&w));
-        }
-        Ok(Loaded { model, tokenizer, template })
-    }
+    Ok(loaded)
 }
 
 /// A `--seed` value: `None` for -1 (llama.cpp's "random").
@@ -379,7 +360,7 @@ impl SamplingArgs {
 /// The prompt for a reply to `messages`, with the model's chat template.
 pub fn chat_prompt(
     loaded: &Loaded,
-    messages: &[blink_model::chat_template::ChatMessage],
+    messages: &[blink_text::chat_template::ChatMessage],
 ) -> CliResult<Vec<u32>> {
     let template = loaded
         .template

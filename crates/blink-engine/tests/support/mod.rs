@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use blink_engine::serve::{Engine, EngineConfig, Event, Request};
 use blink_engine::{FinishReason, GenerateParams, SamplingParams, Session, SessionConfig};
-use blink_model::tokenizer::Tokenizer;
 use blink_model::{KvType, Model};
+use blink_text::tokenizer::Tokenizer;
 
 pub fn model() -> (Arc<Model>, Tokenizer) {
     let path = blink_model::fetch::ensure_default_model().unwrap();

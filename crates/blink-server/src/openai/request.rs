@@ -5,7 +5,7 @@
 //! top-k 40, top-p 0.95, min-p 0.05); whatever the client sends wins.
 
 use blink_engine::SamplingParams;
-use blink_model::ChatMessage;
+use blink_text::ChatMessage;
 use serde_json::{Map, Value};
 
 use super::fields::{type_name, wrong_type, Fields};

@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blink_engine::serve::Usage;
-use blink_model::Tokenizer;
+use blink_text::Tokenizer;
 use serde_json::{json, Map, Value};
 
 use crate::generate::TokenOut;
@@ -105,7 +105,7 @@ pub fn completion_logprobs(tok: &Tokenizer, tokens: &[TokenOut]) -> Value {
             top.entry(completion_token_text(tok, id)).or_insert(json!(lp));
         }
         tops.push(Value::Object(top));
-        offsets.push(json!(t.char_offset));
+        offsets.push(json!(t.start.chars));
     }
     json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
 }

@@ -16,7 +16,7 @@ use blink_model::kv_cache::{KvCache, SeqId, BLOCK_TOKENS};
 use blink_model::{KvType, Model, StepRow};
 use serde::Serialize;
 
-use crate::common::{resolve_threads, CliResult, KernelArgs, Loaded, ModelArgs, NumaArgs};
+use crate::common::{load_model_placed, resolve_threads, CliResult, KernelArgs, ModelArgs, NumaArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -80,7 +80,7 @@ pub fn main(args: Args) -> CliResult {
         args.threads.iter().map(|&t| resolve_threads(Some(t))).collect::<CliResult<Vec<_>>>()?
     };
     // A tensor-parallel placement depends on the thread count: load per count then.
-    let first = Loaded::load_placed(&args.model, &args.numa.placement(threads[0])?)?;
+    let first = load_model_placed(&args.model, &args.numa.placement(threads[0])?)?;
     let model = &first.model;
     let kernel = blink_kernels::cpu::active();
     let order = blink_kernels::order::active();
@@ -122,7 +122,7 @@ pub fn main(args: Args) -> CliResult {
     for &t in &threads {
         let reloaded;
         let model = if model.placement().numa && t != threads[0] {
-            reloaded = Loaded::load_placed(&args.model, &args.numa.placement(t)?)?;
+            reloaded = load_model_placed(&args.model, &args.numa.placement(t)?)?;
             &reloaded.model
         } else {
             model

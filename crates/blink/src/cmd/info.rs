@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use blink_model::config::{RopeOrder, RopeScaling};
 
-use crate::common::{CliResult, Loaded, ModelArgs};
+use crate::common::{load_model, CliResult, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -49,7 +49,7 @@ pub fn file_type_of(model: &blink_model::Model) -> String {
 
 pub fn main(args: Args) -> CliResult {
     let path = args.model.path()?;
-    let loaded = Loaded::load(&args.model)?;
+    let loaded = load_model(&args.model, None)?;
     let m = &loaded.model;
     let file = m.file();
     let cfg = &m.cfg;

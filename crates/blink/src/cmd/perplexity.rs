@@ -4,7 +4,7 @@ use std::io::Write;
 
 use blink_engine::perplexity::{chunk_count, perplexity, PerplexityConfig};
 
-use crate::common::{read_input, CliResult, ComputeArgs, Loaded, ModelArgs};
+use crate::common::{load_model, read_input, CliResult, ComputeArgs, ModelArgs};
 
 #[derive(clap::Args)]
 #[command(mut_arg("ctx_size", |a| a.help("Context size in tokens of each chunk (default: 512, as llama.cpp's perplexity)")))]
@@ -24,7 +24,7 @@ pub struct Args {
 pub fn main(args: Args) -> CliResult {
     let text = read_input(&args.file)?;
     let text = String::from_utf8_lossy(&text);
-    let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
+    let loaded = load_model(&args.model, Some(&args.compute))?;
     let tokens = loaded.tokenizer.encode(&text, true, false);
     let ctx = args.compute.ctx_size.filter(|&c| c > 0).unwrap_or(512);
     if let Some(w) = loaded.model.cfg.context_warning(ctx) {

@@ -3,9 +3,9 @@
 use std::io::Write;
 
 use blink_engine::{GenerateParams, Session};
-use blink_model::chat_template::ChatMessage;
+use blink_text::chat_template::ChatMessage;
 
-use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, PromptArgs, SamplingArgs};
+use crate::common::{chat_prompt, load_model, rate, CliResult, ComputeArgs, ModelArgs, PromptArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,7 +38,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> CliResult {
     let text = args.prompt.text()?;
-    let loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
+    let loaded = load_model(&args.model, Some(&args.compute))?;
     // As llama-cli: a model without a chat template (a base model) completes the prompt.
     let raw = args.raw || loaded.template.is_none();
     if raw && !args.raw {

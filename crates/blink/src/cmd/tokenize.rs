@@ -1,6 +1,6 @@
 //! `blink tokenize`: print a text's token ids as a JSON array.
 
-use blink_model::tokenizer::Tokenizer;
+use blink_text::tokenizer::Tokenizer;
 
 use crate::common::{CliResult, ModelArgs, PromptArgs};
 

@@ -13,9 +13,9 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use blink_engine::{GenerateParams, Session};
-use blink_model::chat_template::{ChatMessage, ChatTemplate};
+use blink_text::chat_template::ChatMessage;
 
-use crate::common::{chat_prompt, rate, CliResult, ComputeArgs, Loaded, ModelArgs, SamplingArgs};
+use crate::common::{chat_prompt, load_model, rate, CliResult, ComputeArgs, ModelArgs, SamplingArgs};
 use input::{Input, Reader};
 
 #[derive(clap::Args)]
@@ -42,10 +42,9 @@ pub struct Args {
 }
 
 pub fn main(args: Args) -> CliResult {
-    let mut loaded = Loaded::load_with(&args.model, Some(&args.compute))?;
-    if loaded.template.is_none() {
-        eprintln!("blink: warning: {}", ChatTemplate::MISSING);
-        loaded.template = Some(ChatTemplate::chatml());
+    let mut loaded = load_model(&args.model, Some(&args.compute))?;
+    if let Some(w) = loaded.chatml_if_missing() {
+        eprintln!("blink: warning: {w}");
     }
     let cfg = args.compute.session_config(&loaded.model)?;
     let mut session = Session::new(&loaded.model, &cfg)?;

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use blink_gguf::GgufFile;
-use blink_model::tokenizer::{Tokenizer, TokenizerError};
+use blink_text::tokenizer::{Tokenizer, TokenizerError};
 
 fn fixtures_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("BLINK_VOCAB_DIR").filter(|d| !d.is_empty()) {

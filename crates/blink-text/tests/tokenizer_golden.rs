@@ -2,28 +2,14 @@
 //! (testdata/golden/smollm2-135m-instruct-q4_1.json): tokenization, detokenization of generated
 //! text, prompt token counts of rendered chats, and speed on a 20 KB text.
 
-use std::path::PathBuf;
+mod support;
+
 use std::time::Instant;
 
 use blink_gguf::GgufFile;
-use blink_model::tokenizer::{StreamDecoder, Tokenizer};
+use blink_text::tokenizer::{StreamDecoder, Tokenizer};
 use serde_json::Value;
-
-/// `$BLINK_MODEL`, else the default model (fetched on first use).
-fn model_path() -> PathBuf {
-    match std::env::var_os("BLINK_MODEL").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => blink_model::fetch::ensure_default_model().expect("fetching the default model"),
-    }
-}
-
-/// `$BLINK_GOLDEN_DIR`, else the repository's `testdata/golden`.
-fn golden_dir() -> PathBuf {
-    match std::env::var_os("BLINK_GOLDEN_DIR").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden"),
-    }
-}
+use support::{golden_dir, model_path};
 
 fn golden() -> Value {
     let path = golden_dir().join("smollm2-135m-instruct-q4_1.json");

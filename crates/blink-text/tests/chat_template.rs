@@ -2,25 +2,12 @@
 //! Llama 3 / ChatML style templates written here, and Gemma / Phi-3 templates (no system
 //! role) against llama.cpp's own expected prompts.
 
-use std::path::PathBuf;
+mod support;
 
 use blink_gguf::GgufFile;
-use blink_model::chat_template::{ChatMessage, ChatTemplate, TemplateError};
+use blink_text::chat_template::{ChatMessage, ChatTemplate, TemplateError};
 use serde_json::Value;
-
-fn model_path() -> PathBuf {
-    match std::env::var_os("BLINK_MODEL").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => blink_model::fetch::ensure_default_model().expect("fetching the default model"),
-    }
-}
-
-fn golden_dir() -> PathBuf {
-    match std::env::var_os("BLINK_GOLDEN_DIR").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden"),
-    }
-}
+use support::{golden_dir, model_path};
 
 fn msg(role: &str, content: &str) -> ChatMessage {
     ChatMessage::new(role, content)
@@ -230,7 +217,7 @@ fn backslash_newlines_in_string_literals_continue_the_line() {
 fn a_final_assistant_message_is_continued() {
     let file = GgufFile::open(model_path()).expect("default model");
     let tmpl = ChatTemplate::from_gguf(&file).unwrap().unwrap();
-    let tok = blink_model::tokenizer::Tokenizer::from_gguf(&file).unwrap();
+    let tok = blink_text::tokenizer::Tokenizer::from_gguf(&file).unwrap();
     let question = [msg("user", "What is the capital of France?")];
     let prefix = "The capital of France is";
     let continued = tmpl.prompt_tokens(&tok, &[question[0].clone(), msg("assistant", prefix)]).unwrap();
