@@ -12,22 +12,12 @@ use std::time::Instant;
 
 use blink_engine::serve::{Event, Request, Submission, Usage};
 use blink_engine::{FinishReason, SamplingParams};
-use blink_text::{TextOffset, TextStream};
+use blink_text::TextStream;
 
 use crate::error::ApiError;
 use crate::openai::request::Common;
+use crate::openai::response::TokenOut;
 use crate::state::{App, Ready};
-
-/// One generated token, for log-probability reports.
-#[derive(Clone, Debug)]
-pub struct TokenOut {
-    pub id: u32,
-    /// Where its text starts in the completion.
-    pub start: TextOffset,
-    pub logprob: f32,
-    /// The most likely alternatives, best first.
-    pub top: Vec<(u32, f32)>,
-}
 
 /// How a generation ended.
 #[derive(Clone, Copy, Debug)]

@@ -6,10 +6,19 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blink_engine::serve::Usage;
-use blink_text::Tokenizer;
+use blink_text::{TextOffset, Tokenizer};
 use serde_json::{json, Map, Value};
 
-use crate::generate::TokenOut;
+/// One generated token, for log-probability reports.
+#[derive(Clone, Debug)]
+pub struct TokenOut {
+    pub id: u32,
+    /// Where its text starts in the completion.
+    pub start: TextOffset,
+    pub logprob: f32,
+    /// The most likely alternatives, best first.
+    pub top: Vec<(u32, f32)>,
+}
 
 /// Reported as `system_fingerprint`.
 pub const FINGERPRINT: &str = concat!("blink-", env!("CARGO_PKG_VERSION"));
