@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use blink_kernels::numa::NodePool;
+use blink_runtime::numa::NodePool;
 use blink_model::tokenizer::{StreamDecoder, Tokenizer};
 use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, SeqId, StepRow};
 

@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use blink_kernels::numa::{NodeBuffer, NumaError, Topology};
+use blink_runtime::numa::{NodeBuffer, NumaError, Topology};
 
 /// Bytes a chunk holds, unless one matrix needs more.
 const CHUNK_BYTES: usize = 32 << 20;

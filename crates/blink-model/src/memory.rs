@@ -2,7 +2,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use blink_kernels::numa::{NodeBuffer, NumaError, Topology, Zeroable};
+use blink_runtime::numa::{NodeBuffer, NumaError, Topology, Zeroable};
 
 /// A zero-initialised buffer: on the heap, or bound to a NUMA node.
 pub enum Storage<T: Zeroable> {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use blink_gguf::{GgmlType, GgufFile, TensorInfo};
 use blink_kernels::cpu::Isa;
 use blink_kernels::gemm::{self, Layout};
-use blink_kernels::numa::{NodeBuffer, Topology};
+use blink_runtime::numa::{NodeBuffer, Topology};
 use blink_kernels::quant;
 
 use crate::arena::{Arena, Piece};

@@ -13,7 +13,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use blink_kernels::numa::NodePool;
+use blink_runtime::numa::NodePool;
 use blink_model::kv_cache::KvCache;
 use blink_model::{Model, Scratch, StepRow};
 

@@ -91,8 +91,8 @@ pub unsafe fn gemm(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, cols
 }
 
 /// [`gemm`] over each range of weight rows that `rows` yields, as a thread claims them
-/// ([`crate::numa::NodeWorker::claim`]); what a call does once, such as converting the
-/// activations' scales, is done once for all of them.
+/// (the caller's work sharing hands them out one by one); what a call does once, such as
+/// converting the activations' scales, is done once for all of them.
 ///
 /// # Safety
 /// As for [`gemm`], for every range.

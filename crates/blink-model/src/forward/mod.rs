@@ -12,7 +12,7 @@ mod pass;
 mod scratch;
 mod step;
 
-use blink_kernels::numa::NodePool;
+use blink_runtime::numa::NodePool;
 use thiserror::Error;
 
 use std::time::Duration;

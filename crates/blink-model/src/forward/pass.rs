@@ -14,10 +14,10 @@ use blink_gguf::GgmlType;
 use blink_kernels::attention::{self, Online};
 use blink_kernels::cpu::{self, Isa};
 use blink_kernels::gemm::{self, Out};
-use blink_kernels::numa::{NodePool, NodeWorker};
+use blink_runtime::numa::{NodePool, NodeWorker};
 use blink_kernels::ops;
 use blink_kernels::order::{self, DotOrder};
-use blink_kernels::pool::SharedMut;
+use blink_runtime::pool::SharedMut;
 use blink_kernels::quant;
 
 use super::scratch::PartScratch;
@@ -135,7 +135,7 @@ impl<T: KvElem> PartView<'_, T> {
 }
 
 /// The cache element store of a shard, by type.
-pub(super) trait StoreOf: KvElem + blink_kernels::numa::Zeroable {
+pub(super) trait StoreOf: KvElem + blink_runtime::numa::Zeroable {
     fn store(data: &mut KvData) -> &mut KvStore<Self>;
 }
 

@@ -1,7 +1,7 @@
 //! Working memory of the forward pass, allocated once for a maximum step size: one set of
 //! buffers per part, in that part's memory, plus the shared logits.
 
-use blink_kernels::numa::NumaError;
+use blink_runtime::numa::NumaError;
 use blink_kernels::quant;
 
 use crate::kv_cache::TableSnapshot;

@@ -18,7 +18,7 @@
 mod blocks;
 mod pool;
 
-use blink_kernels::numa::{NumaError, Topology, Zeroable};
+use blink_runtime::numa::{NumaError, Topology, Zeroable};
 
 use crate::memory::Storage;
 

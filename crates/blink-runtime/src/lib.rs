@@ -1,0 +1,14 @@
+//! Where Blink's compute runs: threads, pinning, NUMA topology, node memory and bandwidth
+//! probing. Owns the persistent SPMD thread pool ([`pool`]) and its per-node form with
+//! work claiming ([`numa`]), pinning threads to CPUs ([`affinity`]), the machine's NUMA
+//! nodes, memory bound to a node ([`numa::NodeBuffer`]) and the memory-bandwidth probe
+//! ([`bandwidth`]); later also memory-map advice (prefetch, release, residency).
+//!
+//! Must not touch numerics, models or file formats: it runs closures and hands out memory,
+//! and knows nothing of what they compute or hold.
+
+pub mod affinity;
+pub mod bandwidth;
+mod park;
+pub mod numa;
+pub mod pool;
