@@ -6,9 +6,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use blink_runtime::numa::NodePool;
 use blink_model::tokenizer::{StreamDecoder, Tokenizer};
 use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, SeqId, StepRow};
+use blink_runtime::numa::NodePool;
 
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::{StopMatcher, StopScan};

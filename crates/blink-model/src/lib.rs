@@ -4,13 +4,11 @@
 //! cache and the batched forward pass. It does not schedule requests or sample tokens
 //! (that is `blink-engine`), and its numerics live in `blink-kernels`.
 
-mod arena;
 pub mod chat_template;
 pub mod config;
 pub mod fetch;
 pub mod forward;
 pub mod kv_cache;
-pub mod memory;
 pub mod placement;
 pub mod rope;
 pub mod tokenizer;

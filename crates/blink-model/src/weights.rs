@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use blink_gguf::{GgmlType, GgufFile, TensorInfo};
 use blink_kernels::cpu::Isa;
 use blink_kernels::gemm::{self, Layout};
-use blink_runtime::numa::{NodeBuffer, Topology};
 use blink_kernels::quant;
+use blink_runtime::arena::{Arena, Piece};
+use blink_runtime::numa::{NodeBuffer, Topology};
 
-use crate::arena::{Arena, Piece};
 use crate::config::{Arch, ModelConfig};
 use crate::placement::Part;
 use crate::ModelError;
@@ -203,7 +203,7 @@ impl<'a> Loader<'a> {
     }
 
     /// A copy of `bytes` in the part's home (the heap or the node's memory), in huge-page
-    /// backed chunks ([`crate::arena`]).
+    /// backed chunks ([`blink_runtime::arena`]).
     fn place(&self, bytes: &[u8]) -> Result<Blob, ModelError> {
         self.arena.place(bytes).map(Blob::piece).map_err(|e| ModelError::Placement(e.to_string()))
     }

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blink_gguf::GgufFile;
-use blink_runtime::numa::Topology;
 use blink_model::{KvType, Model, Placement, Scratch, StepRow};
+use blink_runtime::numa::Topology;
 
 fn golden_prompts() -> Vec<Vec<u32>> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/smollm2-135m-instruct-q4_1.json");

@@ -13,9 +13,9 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use blink_runtime::numa::NodePool;
 use blink_model::kv_cache::KvCache;
 use blink_model::{Model, Scratch, StepRow};
+use blink_runtime::numa::NodePool;
 
 use super::api::{EngineStats, Event, TokenLogprobs};
 use super::control::Control;

@@ -1,11 +1,11 @@
 //! Working memory of the forward pass, allocated once for a maximum step size: one set of
 //! buffers per part, in that part's memory, plus the shared logits.
 
-use blink_runtime::numa::NumaError;
 use blink_kernels::quant;
+use blink_runtime::numa::NumaError;
+use blink_runtime::storage::Storage;
 
 use crate::kv_cache::TableSnapshot;
-use crate::memory::Storage;
 use crate::{Model, ModelError};
 
 /// One part's buffers. Activations are full width in every part: a part computes its own

@@ -19,8 +19,7 @@ mod blocks;
 mod pool;
 
 use blink_runtime::numa::{NumaError, Topology, Zeroable};
-
-use crate::memory::Storage;
+use blink_runtime::storage::Storage;
 
 pub use blocks::{KvBlocks, SeqId, SlotCopy, TableSnapshot};
 

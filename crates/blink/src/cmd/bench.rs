@@ -11,9 +11,9 @@
 use std::time::Instant;
 
 use blink_engine::rng::Rng;
-use blink_runtime::numa::NodePool;
 use blink_model::kv_cache::{KvCache, SeqId, BLOCK_TOKENS};
 use blink_model::{KvType, Model, Scratch, StepRow};
+use blink_runtime::numa::NodePool;
 use serde::Serialize;
 
 use crate::common::{resolve_threads, CliResult, KernelArgs, Loaded, ModelArgs, NumaArgs};
