@@ -2,7 +2,8 @@
 //!
 //! Owns GGUF-to-model mapping (config, weights), the tokenizer and chat template, the KV
 //! cache and the batched forward pass. It does not schedule requests or sample tokens
-//! (that is `blink-engine`), and its numerics live in `blink-kernels`.
+//! (that is `blink-engine`); its numerics live in `blink-kernels`, its threads and memory
+//! homes in `blink-runtime`.
 
 pub mod chat_template;
 pub mod config;
