@@ -15,6 +15,7 @@ mod activation;
 pub mod blocks;
 pub mod float;
 mod kquants;
+mod kquants_bits;
 mod kquants_quantize;
 mod kquants_search;
 mod legacy;
@@ -30,7 +31,7 @@ pub use blocks::{
     Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
-pub use kquants::{q3_scales, scale_min_k4};
+pub use kquants_bits::{q3_scales, scale_min_k4};
 pub use rows::{DotAcc, QuantBlock};
 
 /// Why [`quantize_weights`] refused its input.
