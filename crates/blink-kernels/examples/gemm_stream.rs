@@ -6,7 +6,7 @@
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{gemm, prepare, Layout, Out};
-use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
+use blink_kernels::quant::{quantize_row, quantize_weights, WeightType};
 
 #[path = "../benches/support/mod.rs"]
 mod support;
@@ -31,7 +31,7 @@ fn main() {
         let packed: Vec<Vec<u8>> = (0..copies)
             .map(|_| prepare(isa, ty, rows, cols, &w).expect("a SIMD path that packs"))
             .collect();
-        let act_ty = vec_dot_type(ty);
+        let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
         for &n_act in &acts {
             let mut act = vec![0u8; n_act * stride];

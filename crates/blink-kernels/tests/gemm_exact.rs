@@ -6,7 +6,7 @@ use blink_gguf::GgmlType;
 use blink_kernels::cpu::Isa;
 use blink_kernels::gemm::{gemm, gemm_chunks, pack, Layout, Out, ROW_ALIGN};
 use blink_kernels::order::DotOrder;
-use blink_kernels::quant::{quantize_row, vec_dot_type};
+use blink_kernels::quant::{quantize_row, WeightType};
 use proptest::prelude::*;
 
 const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0];
@@ -120,7 +120,7 @@ proptest! {
         let order = if block { DotOrder::Block } else { DotOrder::Llama };
         let cols = blocks * 32;
         let w = random_weights(ty, rows, cols, seed);
-        let act_ty = vec_dot_type(ty);
+        let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize + 7;
         let mut act = vec![0u8; n_act * stride];
         let mut s = seed.rotate_left(17) | 1;
@@ -150,7 +150,7 @@ proptest! {
         let ty = ROW_MAJOR[ty_i];
         let cols = if ty.block_size() == 256 { 256 * (1 + len % 4) } else { len };
         let w = random_row_major(ty, rows, cols, seed);
-        let act_ty = vec_dot_type(ty);
+        let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize + 5;
         let mut act = vec![0u8; n_act * stride];
         for r in 0..n_act {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use blink_gguf::{GgmlType, GgufFile, TensorInfo};
 use blink_kernels::cpu::Isa;
 use blink_kernels::gemm::{self, Layout};
-use blink_kernels::quant;
+use blink_kernels::quant::{self, WeightType};
 use blink_runtime::arena::{Arena, Piece};
 use blink_runtime::numa::{NodeBuffer, Topology};
 
@@ -191,7 +191,7 @@ impl<'a> Loader<'a> {
         if !ok {
             return Err(ModelError::BadTensor(format!("{name} has shape {:?}, expected [{cols}, {rows}]", info.dims)));
         }
-        let act = quant::vec_dot_type(info.ty);
+        let act = info.ty.activation_type();
         if !cols.is_multiple_of(act.block_size()) {
             return Err(ModelError::Unsupported(format!(
                 "{name}: type {} needs rows of a multiple of {} elements, but rows have {cols}",

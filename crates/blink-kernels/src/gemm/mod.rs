@@ -27,7 +27,7 @@ use blink_gguf::GgmlType;
 
 use crate::cpu::Isa;
 use crate::order::DotOrder;
-use crate::quant::{self, DotAcc};
+use crate::quant::{self, DotAcc, WeightType};
 use pack::{Fields, GROUP};
 
 /// How a weight matrix is laid out in memory.
@@ -78,7 +78,7 @@ pub const ROW_ALIGN: usize = GROUP;
 
 /// `out[r][i] (+)= w_i · a_r` for weight rows `i` in `rows` and activation rows `r` in
 /// `0..n_act`. `w` holds the matrix in `layout` (`cols` elements of `ty` per row); `act`
-/// holds `n_act` rows quantized to `vec_dot_type(ty)`, `act_stride` bytes apart. With a
+/// holds `n_act` rows quantized to `ty.activation_type()`, `act_stride` bytes apart. With a
 /// packed layout, `rows` must start on a multiple of [`ROW_ALIGN`]. The 32-element formats
 /// apply their block scales in `order`; other types have one order.
 ///
@@ -172,7 +172,7 @@ unsafe fn store(out: Out, r: usize, i: usize, v: f32) {
 #[allow(clippy::too_many_arguments)]
 unsafe fn scalar(order: DotOrder, ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     let rb = ty.row_bytes(cols as u64).expect("whole blocks") as usize;
-    let ab = quant::vec_dot_type(ty).row_bytes(cols as u64).expect("whole blocks") as usize;
+    let ab = ty.activation_type().row_bytes(cols as u64).expect("whole blocks") as usize;
     for i in rows {
         let wrow = &w[i * rb..(i + 1) * rb];
         for r in 0..n_act {
@@ -186,7 +186,7 @@ unsafe fn scalar(order: DotOrder, ty: GgmlType, cols: usize, w: &[u8], rows: Ran
 #[allow(clippy::too_many_arguments)]
 unsafe fn scalar_packed(order: DotOrder, ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     let f = Fields::of(ty).expect("packed layout of a packable type");
-    let act_ty = quant::vec_dot_type(ty);
+    let act_ty = ty.activation_type();
     let n_blocks = cols / 32;
     let group_block = f.group_block();
     let mut block = [0u8; 34];

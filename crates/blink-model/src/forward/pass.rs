@@ -18,7 +18,7 @@ use blink_runtime::numa::{NodePool, NodeWorker};
 use blink_kernels::ops;
 use blink_kernels::order::{self, DotOrder};
 use blink_runtime::pool::SharedMut;
-use blink_kernels::quant;
+use blink_kernels::quant::WeightType;
 
 use super::scratch::PartScratch;
 use super::{Scratch, StepRow};
@@ -363,7 +363,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
     fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[(&Matrix, &Buf, usize, Write)]) {
         let mut quantized: Option<GgmlType> = None;
         for &(m, out, col, mode) in outputs {
-            let act_ty = quant::vec_dot_type(m.ty);
+            let act_ty = m.ty.activation_type();
             if quantized != Some(act_ty) {
                 if quantized.is_some() {
                     w.group_barrier();

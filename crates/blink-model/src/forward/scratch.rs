@@ -1,7 +1,7 @@
 //! Working memory of the forward pass, allocated once for a maximum step size: one set of
 //! buffers per part, in that part's memory, plus the shared logits.
 
-use blink_kernels::quant;
+use blink_kernels::quant::WeightType;
 use blink_runtime::numa::NumaError;
 use blink_runtime::storage::Storage;
 
@@ -65,7 +65,7 @@ impl Scratch {
             .parts
             .iter()
             .flat_map(|w| w.product_matrices())
-            .map(|m| quant::vec_dot_type(m.ty).row_bytes(m.cols as u64).unwrap_or(0) as usize)
+            .map(|m| m.ty.activation_type().row_bytes(m.cols as u64).unwrap_or(0) as usize)
             .max()
             .unwrap_or(0)
             .next_multiple_of(64);
