@@ -4,7 +4,7 @@
 
 use blink_gguf::GgmlType;
 use blink_kernels::cpu::Isa;
-use blink_kernels::gemm::{gemm, gemm_chunks, pack, Layout, Out, ROW_ALIGN};
+use blink_kernels::gemm::{pack, product, ActRows, Layout, MatRef, Out, ROW_ALIGN};
 use blink_kernels::order::DotOrder;
 use blink_kernels::quant::{quantize_row, WeightType};
 use proptest::prelude::*;
@@ -96,9 +96,11 @@ fn run(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], rows: 
     // rest in chunks of a group, last first (as threads claiming chunks may take them).
     let mid = (rows / 3).next_multiple_of(ROW_ALIGN).min(rows);
     let chunks: Vec<_> = (mid..rows).step_by(ROW_ALIGN).map(|r| r..(r + ROW_ALIGN).min(rows)).rev().collect();
+    let m = MatRef { ty, layout, rows, cols, bytes: w };
+    let a = ActRows { ty: m.activation_type(), bytes: act, stride, count: n_act };
     unsafe {
-        gemm(isa, order, ty, layout, cols, w, 0..mid, act, stride, n_act, o);
-        gemm_chunks(isa, order, ty, layout, cols, w, chunks.into_iter(), act, stride, n_act, o);
+        product(isa, order, &m, &a, [0..mid], o);
+        product(isa, order, &m, &a, chunks, o);
     }
     out
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use blink_gguf::{GgmlType, GgufFile, TensorInfo};
 use blink_kernels::cpu::Isa;
-use blink_kernels::gemm::{self, Layout};
+use blink_kernels::gemm::{self, Layout, MatRef};
 use blink_kernels::quant::{self, WeightType};
 use blink_runtime::arena::{Arena, Piece};
 use blink_runtime::numa::{NodeBuffer, Topology};
@@ -69,6 +69,12 @@ impl Matrix {
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         self.data.bytes()
+    }
+
+    /// The matrix as the kernels take it.
+    #[inline]
+    pub fn mat_ref(&self) -> MatRef<'_> {
+        MatRef { ty: self.ty, layout: self.layout, rows: self.rows, cols: self.cols, bytes: self.bytes() }
     }
 
     /// Row `i` dequantized into `out[..cols]` (row-major matrices only).

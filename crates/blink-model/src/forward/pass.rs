@@ -13,12 +13,11 @@ use std::ops::Range;
 use blink_gguf::GgmlType;
 use blink_kernels::attention::{self, Online};
 use blink_kernels::cpu::{self, Isa};
-use blink_kernels::gemm::{self, Out};
+use blink_kernels::gemm::{self, ActRows, Out};
 use blink_runtime::numa::{NodePool, NodeWorker};
 use blink_kernels::ops;
 use blink_kernels::order::{self, DotOrder};
 use blink_runtime::pool::SharedMut;
-use blink_kernels::quant::WeightType;
 
 use super::scratch::PartScratch;
 use super::{Scratch, StepRow};
@@ -363,7 +362,8 @@ impl<'a, T: StoreOf> Pass<'a, T> {
     fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[(&Matrix, &Buf, usize, Write)]) {
         let mut quantized: Option<GgmlType> = None;
         for &(m, out, col, mode) in outputs {
-            let act_ty = m.ty.activation_type();
+            let mat = m.mat_ref();
+            let act_ty = mat.activation_type();
             if quantized != Some(act_ty) {
                 if quantized.is_some() {
                     w.group_barrier();
@@ -380,8 +380,8 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             // SAFETY: act is read-only in this phase (written before the last barrier); this
             // thread alone writes columns `col + r` of `out` for each range `r` it claims.
             unsafe {
-                let act = me.act.slice(0..count * self.act_stride);
-                gemm::gemm_chunks(self.isa, self.order, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, out.out(col, mode));
+                let act = ActRows { ty: act_ty, bytes: me.act.slice(0..count * self.act_stride), stride: self.act_stride, count };
+                gemm::product(self.isa, self.order, &mat, &act, rows, out.out(col, mode));
             }
         }
         w.group_barrier();
