@@ -63,7 +63,7 @@ fn bench_gemm(c: &mut Criterion) {
                     let m = MatRef { ty, layout, rows: ROWS, cols, bytes };
                     let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act };
                     group.bench_function(BenchmarkId::new(path, n_act), |b| {
-                        b.iter(|| unsafe { product(isa, order, &m, &a, [0..ROWS], Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false }) })
+                        b.iter(|| unsafe { product(isa, order, &m, &a, std::iter::once(0..ROWS), Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false }) })
                     });
                 }
             }

@@ -52,7 +52,7 @@ fn main() {
                 for i in 0..reps {
                     let m = MatRef { ty, layout: Layout::Packed, rows, cols, bytes: &packed[i % copies] };
                     unsafe {
-                        product(isa, order, &m, &a, [0..rows], Out { ptr: out.as_mut_ptr(), ld: rows, accumulate: false })
+                        product(isa, order, &m, &a, std::iter::once(0..rows), Out { ptr: out.as_mut_ptr(), ld: rows, accumulate: false })
                     }
                 }
                 times.push((rows * cols * n_act * reps) as f64 / t.elapsed().as_secs_f64() / 1e9);

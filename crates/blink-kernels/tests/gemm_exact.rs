@@ -99,7 +99,7 @@ fn run(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], rows: 
     let m = MatRef { ty, layout, rows, cols, bytes: w };
     let a = ActRows { ty: m.activation_type(), bytes: act, stride, count: n_act };
     unsafe {
-        product(isa, order, &m, &a, [0..mid], o);
+        product(isa, order, &m, &a, std::iter::once(0..mid), o);
         product(isa, order, &m, &a, chunks, o);
     }
     out
