@@ -5,7 +5,7 @@
 use std::ops::Deref;
 use std::time::Duration;
 
-use blink_kernels::numa::NodePool;
+use blink_runtime::numa::NodePool;
 use blink_model::kv_cache::KvBlocks;
 use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, StepRow};
 

@@ -8,9 +8,9 @@
 use blink_gguf::GgmlType;
 use blink_kernels::attention::{self, Online};
 use blink_kernels::cpu::Isa;
-use blink_kernels::gemm::{gemm, prepare, Layout, Out};
+use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out};
 use blink_kernels::order::DotOrder;
-use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
+use blink_kernels::quant::{quantize_row, quantize_weights, WeightType};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 
@@ -37,7 +37,7 @@ fn bench_gemm(c: &mut Criterion) {
         let cols = if ty.block_size() == 256 { COLS_K } else { COLS };
         let mut w = vec![0u8; ty.row_bytes((ROWS * cols) as u64).unwrap() as usize];
         quantize_weights(ty, &values(ROWS * cols, 1), &mut w).unwrap();
-        let act_ty = vec_dot_type(ty);
+        let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
         for n_act in [1usize, 16, 64] {
             let mut act = vec![0u8; n_act * stride];
@@ -60,10 +60,10 @@ fn bench_gemm(c: &mut Criterion) {
                 let orders: &[DotOrder] = if ty.block_size() == 32 { &[DotOrder::Llama, DotOrder::Block] } else { &[DotOrder::Llama] };
                 for &order in orders {
                     let path = if order == DotOrder::Block { format!("{ty}/{isa}/block") } else { format!("{ty}/{isa}") };
+                    let m = MatRef { ty, layout, rows: ROWS, cols, bytes };
+                    let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act };
                     group.bench_function(BenchmarkId::new(path, n_act), |b| {
-                        b.iter(|| unsafe {
-                            gemm(isa, order, ty, layout, cols, bytes, 0..ROWS, &act, stride, n_act, Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false })
-                        })
+                        b.iter(|| unsafe { product(isa, order, &m, &a, std::iter::once(0..ROWS), Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false }) })
                     });
                 }
             }

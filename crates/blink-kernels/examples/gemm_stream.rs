@@ -5,8 +5,8 @@
 //! matrices' width (default 576), `ACTS=1,4,16` the activation row counts (default 1,16).
 
 use blink_gguf::GgmlType;
-use blink_kernels::gemm::{gemm, prepare, Layout, Out};
-use blink_kernels::quant::{quantize_row, quantize_weights, vec_dot_type};
+use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out};
+use blink_kernels::quant::{quantize_row, quantize_weights, WeightType};
 
 #[path = "../benches/support/mod.rs"]
 mod support;
@@ -31,7 +31,7 @@ fn main() {
         let packed: Vec<Vec<u8>> = (0..copies)
             .map(|_| prepare(isa, ty, rows, cols, &w).expect("a SIMD path that packs"))
             .collect();
-        let act_ty = vec_dot_type(ty);
+        let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
         for &n_act in &acts {
             let mut act = vec![0u8; n_act * stride];
@@ -48,25 +48,11 @@ fn main() {
             let mut times = vec![];
             for _ in 0..5 {
                 let t = std::time::Instant::now();
+                let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act };
                 for i in 0..reps {
+                    let m = MatRef { ty, layout: Layout::Packed, rows, cols, bytes: &packed[i % copies] };
                     unsafe {
-                        gemm(
-                            isa,
-                            order,
-                            ty,
-                            Layout::Packed,
-                            cols,
-                            &packed[i % copies],
-                            0..rows,
-                            &act,
-                            stride,
-                            n_act,
-                            Out {
-                                ptr: out.as_mut_ptr(),
-                                ld: rows,
-                                accumulate: false,
-                            },
-                        )
+                        product(isa, order, &m, &a, std::iter::once(0..rows), Out { ptr: out.as_mut_ptr(), ld: rows, accumulate: false })
                     }
                 }
                 times.push((rows * cols * n_act * reps) as f64 / t.elapsed().as_secs_f64() / 1e9);

@@ -1,23 +1,23 @@
-//! Compute kernels: quantized block formats with scalar reference implementations (the test
-//! oracle), the persistent SPMD thread pool and thread pinning. Knows nothing of models.
+//! Compute kernels: numerics only. Owns the quantized block formats and their scalar
+//! reference kernels (the test oracle), the instruction-set path and dot order, and the
+//! runtime-dispatched SIMD kernels: matrix products, attention, element-wise ops.
+//!
+//! Must not touch models, files or threads: a kernel computes what it is handed on the
+//! calling thread. Thread pools, pinning and NUMA memory are `blink-runtime`'s, which this
+//! crate does not depend on; callers split work and hand each thread its share.
 //!
 //! Layout: [`quant`] holds the ggml block formats and their scalar reference kernels
 //! (dequantize, quantize, dot product); [`cpu`] and [`order`] fix the instruction-set path
-//! and the float order of quantized dots; [`pool`] runs one closure on every compute thread
-//! with cheap barriers; [`affinity`] pins threads where the OS allows.
+//! and the float order of quantized dots; [`gemm`], [`attention`] and [`ops`] are the
+//! kernels the forward pass calls.
 
-pub mod affinity;
 pub mod attention;
-pub mod bandwidth;
 pub mod cpu;
 pub mod gemm;
 mod libm_expf;
 pub mod math;
 #[cfg(target_arch = "aarch64")]
 mod neon;
-pub mod numa;
 pub mod ops;
 pub mod order;
-mod park;
-pub mod pool;
 pub mod quant;

@@ -17,9 +17,9 @@ mod common;
 
 use blink_gguf::GgmlType;
 use blink_kernels::quant::{
-    dequantize_row, quantize_row, quantize_weights, vec_dot_in, vec_dot_type, Block, BlockQ2K,
+    dequantize_row, quantize_row, quantize_weights, vec_dot_in, Block, BlockQ2K,
     BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
-    BlockQ8_0, BlockQ8_1,
+    BlockQ8_0, BlockQ8_1, WeightType,
 };
 use blink_kernels::order::DotOrder;
 use common::{row_bytes, Rng};
@@ -90,7 +90,7 @@ fn q8_1_sum_allowance(ty: GgmlType, w: &[u8], act: &[u8]) -> f64 {
 /// Check one weight row against one activation row (quantized here from `x`).
 fn check_dot(ty: GgmlType, w: &[u8], x: &[f32]) {
     let n = x.len();
-    let act_ty = vec_dot_type(ty);
+    let act_ty = ty.activation_type();
     let mut act = vec![0u8; row_bytes(act_ty, n)];
     quantize_row(act_ty, x, &mut act);
 

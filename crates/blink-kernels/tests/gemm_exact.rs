@@ -4,9 +4,9 @@
 
 use blink_gguf::GgmlType;
 use blink_kernels::cpu::Isa;
-use blink_kernels::gemm::{gemm, gemm_chunks, pack, Layout, Out, ROW_ALIGN};
+use blink_kernels::gemm::{pack, product, ActRows, Layout, MatRef, Out, ROW_ALIGN};
 use blink_kernels::order::DotOrder;
-use blink_kernels::quant::{quantize_row, vec_dot_type};
+use blink_kernels::quant::{quantize_row, WeightType};
 use proptest::prelude::*;
 
 const TYPES: [GgmlType; 5] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0];
@@ -96,9 +96,11 @@ fn run(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], rows: 
     // rest in chunks of a group, last first (as threads claiming chunks may take them).
     let mid = (rows / 3).next_multiple_of(ROW_ALIGN).min(rows);
     let chunks: Vec<_> = (mid..rows).step_by(ROW_ALIGN).map(|r| r..(r + ROW_ALIGN).min(rows)).rev().collect();
+    let m = MatRef { ty, layout, rows, cols, bytes: w };
+    let a = ActRows { ty: m.activation_type(), bytes: act, stride, count: n_act };
     unsafe {
-        gemm(isa, order, ty, layout, cols, w, 0..mid, act, stride, n_act, o);
-        gemm_chunks(isa, order, ty, layout, cols, w, chunks.into_iter(), act, stride, n_act, o);
+        product(isa, order, &m, &a, std::iter::once(0..mid), o);
+        product(isa, order, &m, &a, chunks, o);
     }
     out
 }
@@ -120,7 +122,7 @@ proptest! {
         let order = if block { DotOrder::Block } else { DotOrder::Llama };
         let cols = blocks * 32;
         let w = random_weights(ty, rows, cols, seed);
-        let act_ty = vec_dot_type(ty);
+        let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize + 7;
         let mut act = vec![0u8; n_act * stride];
         let mut s = seed.rotate_left(17) | 1;
@@ -150,7 +152,7 @@ proptest! {
         let ty = ROW_MAJOR[ty_i];
         let cols = if ty.block_size() == 256 { 256 * (1 + len % 4) } else { len };
         let w = random_row_major(ty, rows, cols, seed);
-        let act_ty = vec_dot_type(ty);
+        let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize + 5;
         let mut act = vec![0u8; n_act * stride];
         for r in 0..n_act {

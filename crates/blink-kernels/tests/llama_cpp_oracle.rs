@@ -11,7 +11,7 @@
 mod common;
 
 use blink_kernels::order::DotOrder;
-use blink_kernels::quant::{dequantize_row, quantize_row, quantize_weights, vec_dot, vec_dot_in, vec_dot_type};
+use blink_kernels::quant::{dequantize_row, quantize_row, quantize_weights, vec_dot, vec_dot_in, WeightType};
 use common::{ggml_type, row_bytes, to_f32s, Fixture};
 
 const N: usize = 512;
@@ -82,7 +82,7 @@ fn vec_dot_matches_llama_cpp() {
     let a_in = fx.f32s("a/in");
     for name in WEIGHTS {
         let ty = ggml_type(name);
-        let act_ty = vec_dot_type(ty);
+        let act_ty = ty.activation_type();
         assert_eq!(
             std::str::from_utf8(fx.bytes(&format!("dot/{name}/act"))).unwrap(),
             act_ty.name()

@@ -2,15 +2,13 @@
 //!
 //! Owns GGUF-to-model mapping (config, weights), the KV cache and the batched forward pass.
 //! It does not schedule requests or sample tokens (that is `blink-engine`), knows no text
-//! (the tokenizer and chat template are `blink-text`'s), and its numerics live in
-//! `blink-kernels`.
+//! (the tokenizer and chat template are `blink-text`'s), its numerics live in
+//! `blink-kernels`, and its threads and memory homes in `blink-runtime`.
 
-mod arena;
 pub mod config;
 pub mod fetch;
 pub mod forward;
 pub mod kv_cache;
-pub mod memory;
 pub mod placement;
 pub mod rope;
 pub mod weights;
@@ -19,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blink_gguf::{GgufError, GgufFile};
-use blink_kernels::numa::NumaError;
+use blink_runtime::numa::NumaError;
 use weights::{Home, Loader};
 use thiserror::Error;
 
@@ -99,7 +97,7 @@ impl Model {
                     .map(|(node, (part, &home))| {
                         let cpus = placement.topology.nodes().get(node).map_or(&[][..], |n| &n.cpus[..]);
                         std::thread::Builder::new().name(format!("blink-load-{node}")).spawn_scoped(scope, move || {
-                            blink_kernels::affinity::pin_current_thread(cpus);
+                            blink_runtime::affinity::pin_current_thread(cpus);
                             load(part, home)
                         })
                     })
@@ -158,7 +156,7 @@ impl Model {
             return Err(ModelError::Placement(format!("layers {layers:?} are not a window of the model's {} layers", self.cfg.n_layers)));
         }
         let topology = &self.placement.topology;
-        let shards: Vec<(usize, Option<(&blink_kernels::numa::Topology, usize)>)> = self
+        let shards: Vec<(usize, Option<(&blink_runtime::numa::Topology, usize)>)> = self
             .plan
             .parts
             .iter()
@@ -170,20 +168,20 @@ impl Model {
 
     /// A compute pool matching the model's placement (`threads` in all for a flat model);
     /// the caller of its `run` is one of the threads.
-    pub fn pool(&self, threads: usize) -> Result<blink_kernels::numa::NodePool, ModelError> {
+    pub fn pool(&self, threads: usize) -> Result<blink_runtime::numa::NodePool, ModelError> {
         self.build_pool(threads, false)
     }
 
     /// As [`Model::pool`], with threads of its own only, so that the caller can work while
     /// a step computes ([`Model::forward_beside`]): for the serving engine.
-    pub fn detached_pool(&self, threads: usize) -> Result<blink_kernels::numa::NodePool, ModelError> {
+    pub fn detached_pool(&self, threads: usize) -> Result<blink_runtime::numa::NodePool, ModelError> {
         self.build_pool(threads, true)
     }
 
-    fn build_pool(&self, threads: usize, detached: bool) -> Result<blink_kernels::numa::NodePool, ModelError> {
+    fn build_pool(&self, threads: usize, detached: bool) -> Result<blink_runtime::numa::NodePool, ModelError> {
         let placement = if self.placement.numa { self.placement.clone() } else { Placement::flat(threads) };
         placement.pool(detached).map_err(|e| match e {
-            blink_kernels::numa::NumaError::Spawn(e) => ModelError::Threads(e),
+            blink_runtime::numa::NumaError::Spawn(e) => ModelError::Threads(e),
             e => ModelError::Placement(e.to_string()),
         })
     }

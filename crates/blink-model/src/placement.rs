@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use blink_kernels::gemm::ROW_ALIGN;
-use blink_kernels::numa::{NodePool, NumaError, Topology};
+use blink_runtime::numa::{NodePool, NumaError, Topology};
 
 use crate::config::ModelConfig;
 
@@ -30,7 +30,7 @@ impl Placement {
     /// One flat pool of `threads` threads over the CPUs this process may use; memory is
     /// not bound to any node.
     pub fn flat(threads: usize) -> Placement {
-        let cpus = blink_kernels::affinity::allowed_cpus();
+        let cpus = blink_runtime::affinity::allowed_cpus();
         Placement { topology: Topology::fallback(&cpus), threads: vec![threads.max(1)], numa: false }
     }
 

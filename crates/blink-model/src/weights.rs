@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 
 use blink_gguf::{GgmlType, GgufFile, TensorInfo};
 use blink_kernels::cpu::Isa;
-use blink_kernels::gemm::{self, Layout};
-use blink_kernels::numa::{NodeBuffer, Topology};
-use blink_kernels::quant;
+use blink_kernels::gemm::{self, Layout, MatRef};
+use blink_kernels::quant::{self, WeightType};
+use blink_runtime::arena::{Arena, Piece};
+use blink_runtime::numa::{NodeBuffer, Topology};
 
-use crate::arena::{Arena, Piece};
 use crate::config::{Arch, ModelConfig};
 use crate::placement::Part;
 use crate::ModelError;
@@ -69,6 +69,12 @@ impl Matrix {
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         self.data.bytes()
+    }
+
+    /// The matrix as the kernels take it.
+    #[inline]
+    pub fn mat_ref(&self) -> MatRef<'_> {
+        MatRef { ty: self.ty, layout: self.layout, rows: self.rows, cols: self.cols, bytes: self.bytes() }
     }
 
     /// Row `i` dequantized into `out[..cols]` (row-major matrices only).
@@ -191,7 +197,7 @@ impl<'a> Loader<'a> {
         if !ok {
             return Err(ModelError::BadTensor(format!("{name} has shape {:?}, expected [{cols}, {rows}]", info.dims)));
         }
-        let act = quant::vec_dot_type(info.ty);
+        let act = info.ty.activation_type();
         if !cols.is_multiple_of(act.block_size()) {
             return Err(ModelError::Unsupported(format!(
                 "{name}: type {} needs rows of a multiple of {} elements, but rows have {cols}",
@@ -203,7 +209,7 @@ impl<'a> Loader<'a> {
     }
 
     /// A copy of `bytes` in the part's home (the heap or the node's memory), in huge-page
-    /// backed chunks ([`crate::arena`]).
+    /// backed chunks ([`blink_runtime::arena`]).
     fn place(&self, bytes: &[u8]) -> Result<Blob, ModelError> {
         self.arena.place(bytes).map(Blob::piece).map_err(|e| ModelError::Placement(e.to_string()))
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blink_gguf::GgufFile;
-use blink_kernels::numa::{NodePool, Topology};
+use blink_runtime::numa::{NodePool, Topology};
 use blink_model::{AdapterSlot, ForwardError, KvCache, KvType, Model, Placement, RowKind, Scratch, SeqId, Step, StepInput, StepOutput, StepRow};
 
 const CTX: usize = 128;

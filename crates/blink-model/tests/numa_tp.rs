@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blink_gguf::GgufFile;
-use blink_kernels::numa::Topology;
 use blink_model::{KvType, Model, Placement, Scratch, StepRow};
+use blink_runtime::numa::Topology;
 
 fn golden_prompts() -> Vec<Vec<u32>> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/smollm2-135m-instruct-q4_1.json");
@@ -96,7 +96,7 @@ fn every_page_of_each_part_lives_on_its_node() {
     let nodes = topology.nodes().len();
     let placement = Placement::tensor_parallel(topology.clone(), nodes);
     let model = Model::from_gguf_placed(file(), &placement).unwrap();
-    let page = blink_kernels::numa::page_size();
+    let page = blink_runtime::numa::page_size();
     let mut checked = 0;
     for (i, part) in model.parts.iter().enumerate() {
         let want = topology.nodes()[i].id as i32;
@@ -105,7 +105,7 @@ fn every_page_of_each_part_lives_on_its_node() {
             let first = (bytes.as_ptr() as usize).next_multiple_of(page);
             let end = bytes.as_ptr() as usize + bytes.len();
             for addr in (first..end).step_by(page) {
-                match blink_kernels::numa::node_of_page(addr as *const u8) {
+                match blink_runtime::numa::node_of_page(addr as *const u8) {
                     Some(node) => {
                         assert_eq!(node, want, "part {i}: a page of {} is on node {node}, not {want}", m.name);
                         checked += 1;

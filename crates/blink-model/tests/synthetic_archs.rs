@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use blink_gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
-use blink_kernels::numa::Topology;
 use blink_kernels::quant::quantize_weights;
 use blink_model::{KvType, Model, Placement, Scratch, StepRow};
+use blink_runtime::numa::Topology;
 
 const VOCAB: usize = 96;
 const EMBD: usize = 64;

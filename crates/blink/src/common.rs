@@ -204,7 +204,7 @@ impl NumaArgs {
     }
 
     fn placement_for(&self, threads: usize) -> CliResult<Placement> {
-        use blink_kernels::numa::Topology;
+        use blink_runtime::numa::Topology;
         match (self.numa.as_deref(), self.numa_nodes) {
             (_, Some(0)) => Err("--numa-nodes must be at least 1".into()),
             (_, Some(n)) if n > blink_model::forward::MAX_PARTS => Err(format!("--numa-nodes must be at most {}", blink_model::forward::MAX_PARTS).into()),

@@ -44,12 +44,12 @@ fn waiting_chat(no_pin: bool) -> Child {
 fn compute_threads_are_pinned_to_their_node_unless_asked_not_to() {
     let own = std::fs::read_to_string("/proc/self/status").unwrap();
     let allowed = own.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
-    let cpus = blink_kernels::numa::parse_cpulist(&allowed).unwrap();
+    let cpus = blink_runtime::numa::parse_cpulist(&allowed).unwrap();
     assert!(cpus.len() >= 2, "this test needs two CPUs to tell pinned threads from free ones, has {allowed}");
 
     // Thread 1 is the second simulated node's.
-    let second = blink_kernels::numa::Topology::simulated(2).nodes()[1].cpus.clone();
-    for (no_pin, expected) in [(false, blink_kernels::numa::format_cpulist(&second)), (true, allowed.clone())] {
+    let second = blink_runtime::numa::Topology::simulated(2).nodes()[1].cpus.clone();
+    for (no_pin, expected) in [(false, blink_runtime::numa::format_cpulist(&second)), (true, allowed.clone())] {
         let mut child = waiting_chat(no_pin);
         let got = thread_cpus(&mut child, "blink-compute-1");
         drop(child.stdin.take());

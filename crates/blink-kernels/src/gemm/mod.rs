@@ -1,9 +1,14 @@
 //! Matrix products of quantized weights with quantized activation rows.
 //!
-//! `gemm` computes `out[r][i] (+)= w_i · a_r` for a range of weight rows `i` and every
-//! activation row `r`, on the kernel path chosen by [`crate::cpu`]. Every path returns
-//! exactly the scalar reference's bits ([`crate::quant::vec_dot`]), so a result never
-//! depends on the CPU, the batch or the thread split.
+//! A product is a call over values: a weight matrix ([`MatRef`]: type, layout, shape,
+//! bytes), the activation rows it multiplies ([`ActRows`]: bytes, stride, count and their
+//! format, which is the matrix's [`MatRef::activation_type`]), the weight rows to compute,
+//! and where results go ([`Out`]). [`product`] computes `out[r][i] (+)= w_i · a_r` for
+//! those weight rows `i` and every activation row `r`, on the kernel path chosen by
+//! [`crate::cpu`] and in a [`DotOrder`]. Every path returns exactly the scalar reference's
+//! bits ([`crate::quant::vec_dot`]), so a result never depends on the CPU, the batch or the
+//! thread split. Further kernels over the same operands (adapters' low-rank products,
+//! backward products) take these values too.
 //!
 //! Weights come either row-major, as in the file, or repacked by [`prepare`] into the
 //! interleaved layout of [`pack`] that the SIMD kernels of the 32-element formats read.
@@ -27,7 +32,7 @@ use blink_gguf::GgmlType;
 
 use crate::cpu::Isa;
 use crate::order::DotOrder;
-use crate::quant::{self, DotAcc};
+use crate::quant::{self, DotAcc, WeightType};
 use pack::{Fields, GROUP};
 
 /// How a weight matrix is laid out in memory.
@@ -37,6 +42,43 @@ pub enum Layout {
     RowMajor,
     /// Groups of eight rows interleaved per block ([`pack`]).
     Packed,
+}
+
+/// A weight matrix as the kernels read it: `rows` rows of `cols` elements of `ty`, whose
+/// bytes are laid out in `layout`.
+#[derive(Clone, Copy)]
+pub struct MatRef<'a> {
+    pub ty: GgmlType,
+    pub layout: Layout,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: &'a [u8],
+}
+
+impl MatRef<'_> {
+    /// The format of the activation rows this matrix multiplies (its type's
+    /// [`WeightType::activation_type`]).
+    #[inline]
+    pub fn activation_type(&self) -> GgmlType {
+        self.ty.activation_type()
+    }
+
+    /// Bytes of one activation row this matrix multiplies (`cols` elements of
+    /// [`Self::activation_type`]), or `None` if `cols` is not a whole number of its blocks.
+    #[inline]
+    pub fn activation_row_bytes(&self) -> Option<usize> {
+        self.activation_type().row_bytes(self.cols as u64).map(|b| b as usize)
+    }
+}
+
+/// Activation rows a product reads: `count` rows of format `ty`, the first at the start of
+/// `bytes` and each `stride` bytes after the last (a stride may exceed a row's bytes).
+#[derive(Clone, Copy)]
+pub struct ActRows<'a> {
+    pub ty: GgmlType,
+    pub bytes: &'a [u8],
+    pub stride: usize,
+    pub count: usize,
 }
 
 /// Where results go: element `(r, i)` is `ptr[r * ld + i]`, written or added.
@@ -76,38 +118,30 @@ pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> 
 /// Rows a thread's share of a matrix must be aligned to (packed groups never split).
 pub const ROW_ALIGN: usize = GROUP;
 
-/// `out[r][i] (+)= w_i · a_r` for weight rows `i` in `rows` and activation rows `r` in
-/// `0..n_act`. `w` holds the matrix in `layout` (`cols` elements of `ty` per row); `act`
-/// holds `n_act` rows quantized to `vec_dot_type(ty)`, `act_stride` bytes apart. With a
-/// packed layout, `rows` must start on a multiple of [`ROW_ALIGN`]. The 32-element formats
+/// `out[r][i] (+)= w_i · a_r` for activation rows `r` in `0..act.count` and weight rows
+/// `i` in each range `rows` yields, as a thread claims them (the caller's work sharing
+/// hands them out one by one); what a call does once, such as converting the
+/// activations' scales, is done once for all of them. `act` must be in the matrix's
+/// [`MatRef::activation_type`] (checked), each row `cols` elements long. With a packed
+/// layout, every range must start on a multiple of [`ROW_ALIGN`]. The 32-element formats
 /// apply their block scales in `order`; other types have one order.
 ///
 /// # Safety
 /// `out.ptr` must be valid for writes at every `(r, i)` above, and no other thread may
 /// touch those elements during the call.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
-    gemm_chunks(isa, order, ty, layout, cols, w, std::iter::once(rows), act, act_stride, n_act, out)
-}
-
-/// [`gemm`] over each range of weight rows that `rows` yields, as a thread claims them
-/// ([`crate::numa::NodeWorker::claim`]); what a call does once, such as converting the
-/// activations' scales, is done once for all of them.
-///
-/// # Safety
-/// As for [`gemm`], for every range.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_chunks(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: impl Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
-    if n_act == 0 {
+pub unsafe fn product(isa: Isa, order: DotOrder, w: &MatRef, act: &ActRows, rows: impl IntoIterator<Item = Range<usize>>, out: Out) {
+    assert_eq!(act.ty, w.activation_type(), "{} weights multiply {} activations", w.ty, w.activation_type());
+    if act.count == 0 {
         return;
     }
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-    let mut rows = rows.filter(|r| !r.is_empty());
+    let mut rows = rows.into_iter().filter(|r| !r.is_empty());
     #[cfg(target_arch = "x86_64")]
-    if layout == Layout::Packed {
+    if w.layout == Layout::Packed {
+        let (ty, cols, bytes, a, stride, count) = (w.ty, w.cols, w.bytes, act.bytes, act.stride, act.count);
         let done = match isa {
-            Isa::Avx512Vnni => x86_fam32::gemm_vnni(order, ty, cols, w, &mut rows, act, act_stride, n_act, out),
-            Isa::Avx2 => x86_fam32::gemm_avx2(order, ty, cols, w, &mut rows, act, act_stride, n_act, out),
+            Isa::Avx512Vnni => x86_fam32::gemm_vnni(order, ty, cols, bytes, &mut rows, a, stride, count, out),
+            Isa::Avx2 => x86_fam32::gemm_avx2(order, ty, cols, bytes, &mut rows, a, stride, count, out),
             _ => false,
         };
         if done {
@@ -115,13 +149,14 @@ pub unsafe fn gemm_chunks(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layou
         }
     }
     for r in rows {
-        gemm_range(isa, order, ty, layout, cols, w, r, act, act_stride, n_act, out);
+        product_range(isa, order, w, act, r, out);
     }
 }
 
-/// [`gemm`] of one nonempty range on the kernels that take one range at a time.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_range(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+/// [`product`] of one nonempty range on the kernels that take one range at a time.
+unsafe fn product_range(isa: Isa, order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, out: Out) {
+    let MatRef { ty, layout, cols, bytes: w, .. } = *m;
+    let ActRows { bytes: act, stride: act_stride, count: n_act, .. } = *a;
     if layout == Layout::Packed {
         // SAFETY: `Isa::Neon` is only used once `Isa::supported()` holds, which checks
         // the NEON and dot-product features the kernel enables.
@@ -129,7 +164,7 @@ unsafe fn gemm_range(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, co
         if isa == Isa::Neon && neon_fam32::gemm_neon(order, ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
             return;
         }
-        return scalar_packed(order, ty, cols, w, rows, act, act_stride, n_act, out);
+        return scalar_packed(order, m, a, rows, out);
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -155,7 +190,7 @@ unsafe fn gemm_range(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, co
     if isa == Isa::Neon && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
         return;
     }
-    scalar(order, ty, cols, w, rows, act, act_stride, n_act, out);
+    scalar(order, m, a, rows, out);
 }
 
 #[inline]
@@ -169,10 +204,11 @@ unsafe fn store(out: Out, r: usize, i: usize, v: f32) {
 }
 
 /// The reference over row-major weights: one `vec_dot_in` per output.
-#[allow(clippy::too_many_arguments)]
-unsafe fn scalar(order: DotOrder, ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn scalar(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, out: Out) {
+    let MatRef { ty, cols, bytes: w, .. } = *m;
+    let ActRows { bytes: act, stride: act_stride, count: n_act, .. } = *a;
     let rb = ty.row_bytes(cols as u64).expect("whole blocks") as usize;
-    let ab = quant::vec_dot_type(ty).row_bytes(cols as u64).expect("whole blocks") as usize;
+    let ab = m.activation_row_bytes().expect("whole blocks");
     for i in rows {
         let wrow = &w[i * rb..(i + 1) * rb];
         for r in 0..n_act {
@@ -183,10 +219,10 @@ unsafe fn scalar(order: DotOrder, ty: GgmlType, cols: usize, w: &[u8], rows: Ran
 
 /// The reference over packed weights: each block is put back together, then accumulated
 /// exactly as `vec_dot_in` does.
-#[allow(clippy::too_many_arguments)]
-unsafe fn scalar_packed(order: DotOrder, ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn scalar_packed(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, out: Out) {
+    let MatRef { ty, cols, bytes: w, .. } = *m;
+    let ActRows { ty: act_ty, bytes: act, stride: act_stride, count: n_act } = *a;
     let f = Fields::of(ty).expect("packed layout of a packable type");
-    let act_ty = quant::vec_dot_type(ty);
     let n_blocks = cols / 32;
     let group_block = f.group_block();
     let mut block = [0u8; 34];

@@ -1,5 +1,6 @@
 //! Reference k-quant quantizers, reproducing ggml's `quantize_row_q{2..6}_K_ref` (what
-//! `llama-quantize` writes without an importance matrix), plus the bit packing they need.
+//! `llama-quantize` writes without an importance matrix); the bit packing they need is
+//! [`super::kquants_bits`]'s.
 //!
 //! Each quantizer first searches a scale (and min) per group with [`super::kquants_search`],
 //! quantizes those to 4/6/8 bits against a super-block scale stored as `f16`, then
@@ -11,60 +12,11 @@ use blink_gguf::QK_K;
 use half::f16;
 
 use super::blocks::{Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, K_SCALE_SIZE};
-use super::kquants::{q3_scales, scale_min_k4};
+use super::kquants_bits::{pack_2bit, pack_4bit, pack_high_bits, pack_q3_scales, pack_scales_mins, q3_scales, scale_min_k4};
 use super::kquants_search::{
     make_q3_quants, make_qkx2_quants, make_qx_quants, Sweep, GROUP_MAX_EPS,
 };
 use super::numeric::nearest_int;
-
-/// Pack 256 2-bit levels: byte `32c + i` holds elements `128c + i + 32k` in bits `2k`.
-fn pack_2bit(levels: &[u8; QK_K]) -> [u8; QK_K / 4] {
-    from_fn(|b| {
-        let base = 128 * (b / 32) + b % 32;
-        (0..4).fold(0u8, |acc, k| acc | ((levels[base + 32 * k] & 3) << (2 * k)))
-    })
-}
-
-/// Pack 256 4-bit levels: byte `32c + i` holds elements `64c + i` (low) and `64c + i + 32`.
-fn pack_4bit(levels: &[u8; QK_K]) -> [u8; QK_K / 2] {
-    from_fn(|b| {
-        let base = 64 * (b / 32) + b % 32;
-        (levels[base] & 0x0f) | ((levels[base + 32] & 0x0f) << 4)
-    })
-}
-
-/// Pack the high bits of 256 levels: bit `e/32` of byte `e%32` is bit `shift` of level `e`.
-fn pack_high_bits(levels: &[u8; QK_K], shift: u32) -> [u8; QK_K / 8] {
-    let mut bits = [0u8; QK_K / 8];
-    for (e, &l) in levels.iter().enumerate() {
-        bits[e % 32] |= ((l >> shift) & 1) << (e / 32);
-    }
-    bits
-}
-
-/// Pack eight 6-bit scales and mins into the 12-byte `Q4_K`/`Q5_K` layout (see
-/// [`scale_min_k4`]).
-pub fn pack_scales_mins(scales: &[u8; 8], mins: &[u8; 8]) -> [u8; K_SCALE_SIZE] {
-    let mut packed = [0u8; K_SCALE_SIZE];
-    packed[..4].copy_from_slice(&scales[..4]);
-    packed[4..8].copy_from_slice(&mins[..4]);
-    for j in 4..8 {
-        packed[j + 4] = (scales[j] & 0x0f) | ((mins[j] & 0x0f) << 4);
-        packed[j - 4] |= (scales[j] >> 4) << 6;
-        packed[j] |= (mins[j] >> 4) << 6;
-    }
-    packed
-}
-
-/// Pack sixteen 6-bit (already offset by 32) `Q3_K` scales (see [`q3_scales`]).
-pub fn pack_q3_scales(scales: &[u8; 16]) -> [u8; K_SCALE_SIZE] {
-    let mut packed = [0u8; K_SCALE_SIZE];
-    for (j, &s) in scales.iter().enumerate() {
-        packed[j % 8] |= (s & 0x0f) << (4 * (j / 8));
-        packed[8 + j % 4] |= ((s >> 4) & 3) << (2 * (j / 4));
-    }
-    packed
-}
 
 /// Quantize one `Q2_K` super-block.
 pub fn quantize_q2_k(x: &[f32]) -> BlockQ2K {
@@ -330,21 +282,6 @@ mod tests {
         (0..QK_K)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
             .collect()
-    }
-
-    #[test]
-    fn packers_invert_unpackers() {
-        let levels: [u8; QK_K] = from_fn(|e| (e * 7 % 64) as u8);
-        let mut b = BlockQ5K::zeroed();
-        let l5 = levels.map(|l| l & 31);
-        b.qs = pack_4bit(&l5);
-        b.qh = pack_high_bits(&l5, 4);
-        assert_eq!(b.quants().map(|q| q as u8), l5);
-
-        let mut b2 = BlockQ2K::zeroed();
-        let l2 = levels.map(|l| l & 3);
-        b2.qs = pack_2bit(&l2);
-        assert_eq!(b2.quants().map(|q| q as u8), l2);
     }
 
     #[test]

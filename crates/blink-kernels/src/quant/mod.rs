@@ -2,8 +2,9 @@
 //! every faster kernel is tested against.
 //!
 //! The numerics reproduce llama.cpp's CPU backend on x86: weights are multiplied by
-//! activations that are first converted per row to the weight type's [`vec_dot_type`]
-//! (`Q8_0`, `Q8_1`, `Q8_K`, or the float type itself), using the AVX2 rounding rules.
+//! activations that are first converted per row to the weight type's
+//! [`activation_type`](WeightType::activation_type) (`Q8_0`, `Q8_1`, `Q8_K`, or the float
+//! type itself), using the AVX2 rounding rules.
 //! Integer partial sums are exact; float accumulation follows llama.cpp's x86 order for
 //! the 32-element and float formats ([`reduce`]), so those dots are bit-identical to it.
 //! The k-quants sum whole blocks sequentially (their own, documented order).
@@ -15,6 +16,7 @@ mod activation;
 pub mod blocks;
 pub mod float;
 mod kquants;
+mod kquants_bits;
 mod kquants_quantize;
 mod kquants_search;
 mod legacy;
@@ -30,7 +32,7 @@ pub use blocks::{
     Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
-pub use kquants::{q3_scales, scale_min_k4};
+pub use kquants_bits::{q3_scales, scale_min_k4};
 pub use rows::{DotAcc, QuantBlock};
 
 /// Why [`quantize_weights`] refused its input.
@@ -55,18 +57,39 @@ pub enum QuantError {
     NonFinite { index: usize, value: f32 },
 }
 
-/// The activation format a weight type's dot product consumes (llama.cpp's `vec_dot_type`).
-///
-/// `Q8_1` and `Q8_K` have no weight kernel in llama.cpp; here they pair with themselves.
-pub fn vec_dot_type(weight: GgmlType) -> GgmlType {
-    use GgmlType::*;
-    match weight {
-        F32 => F32,
-        F16 => F16,
-        BF16 => BF16,
-        Q4_0 | Q5_0 | Q8_0 => Q8_0,
-        Q4_1 | Q5_1 | Q8_1 => Q8_1,
-        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => Q8_K,
+/// What a weight type brings to a matrix product, as a property of the type itself:
+/// `ty.activation_type()`. [`crate::gemm::MatRef`] answers the same for a matrix.
+pub trait WeightType: Copy {
+    /// The activation format this type's dot product consumes (llama.cpp's
+    /// `vec_dot_type`): the [`QuantBlock::Act`] of its block, so each pairing is stated
+    /// once, where the block's dot product is defined; the float types multiply their own
+    /// type. `Q8_1` and `Q8_K` have no weight kernel in llama.cpp; here they pair with
+    /// themselves.
+    fn activation_type(self) -> GgmlType;
+}
+
+impl WeightType for GgmlType {
+    #[inline]
+    fn activation_type(self) -> GgmlType {
+        fn act<B: QuantBlock>() -> GgmlType {
+            <B::Act as Block>::TYPE
+        }
+        use GgmlType::*;
+        match self {
+            F32 | F16 | BF16 => self,
+            Q4_0 => act::<BlockQ4_0>(),
+            Q4_1 => act::<BlockQ4_1>(),
+            Q5_0 => act::<BlockQ5_0>(),
+            Q5_1 => act::<BlockQ5_1>(),
+            Q8_0 => act::<BlockQ8_0>(),
+            Q8_1 => act::<BlockQ8_1>(),
+            Q2_K => act::<BlockQ2K>(),
+            Q3_K => act::<BlockQ3K>(),
+            Q4_K => act::<BlockQ4K>(),
+            Q5_K => act::<BlockQ5K>(),
+            Q6_K => act::<BlockQ6K>(),
+            Q8_K => act::<BlockQ8K>(),
+        }
     }
 }
 
@@ -162,7 +185,8 @@ fn quantize_ref(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
 }
 
 /// Dot product of one weight row (`w`, type `ty`, `n` elements) with one activation row
-/// already quantized to [`vec_dot_type`]`(ty)`, in llama.cpp's order. Allocation-free.
+/// already quantized to `ty`'s [`activation_type`](WeightType::activation_type), in
+/// llama.cpp's order. Allocation-free.
 ///
 /// Panics if `n` is not a whole number of blocks of both types, or either slice is shorter
 /// than its row.
@@ -172,7 +196,7 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
 
 /// [`vec_dot`] in `order`.
 pub fn vec_dot_in(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
-    let act_ty = vec_dot_type(ty);
+    let act_ty = ty.activation_type();
     let (w_bytes, act_bytes) = (row_bytes(ty, n), row_bytes(act_ty, n));
     assert!(
         w.len() >= w_bytes,
@@ -206,7 +230,7 @@ pub fn vec_dot_in(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8])
 }
 
 /// Add one block's contribution to a dot product: `w` is one block of `ty`, `a` one block
-/// of `vec_dot_type(ty)`. Lets kernels over other layouts reuse the reference numerics.
+/// of `ty.activation_type()`. Lets kernels over other layouts reuse the reference numerics.
 pub fn accumulate_block(ty: GgmlType, w: &[u8], a: &[u8], acc: &mut DotAcc) {
     fn one<B: QuantBlock>(w: &[u8], a: &[u8], acc: &mut DotAcc) {
         B::read(w).accumulate(&B::Act::read(a), acc);
@@ -272,7 +296,7 @@ mod tests {
             (Q4_1, Q8_1),
             (Q5_0, Q8_0),
         ] {
-            assert_eq!(vec_dot_type(w), a);
+            assert_eq!(w.activation_type(), a);
         }
         for (w, a) in [
             (Q5_1, Q8_1),
@@ -283,7 +307,7 @@ mod tests {
             (Q5_K, Q8_K),
             (Q6_K, Q8_K),
         ] {
-            assert_eq!(vec_dot_type(w), a);
+            assert_eq!(w.activation_type(), a);
         }
     }
 
@@ -323,7 +347,7 @@ mod tests {
         let huge: Vec<f32> = (0..512).map(|i| (i as f32 - 256.0) * 1e36).collect();
         for ty in GgmlType::ALL {
             for input in [&x, &tiny, &huge] {
-                let act_ty = vec_dot_type(ty);
+                let act_ty = ty.activation_type();
                 let mut w = vec![0u8; row_bytes(ty, 512)];
                 let mut a = vec![0u8; row_bytes(act_ty, 512)];
                 quantize_row(ty, input, &mut w);

@@ -8,7 +8,9 @@ use crate::order::DotOrder;
 
 /// Scalar reference kernels of one block format.
 pub trait QuantBlock: Block {
-    /// The activation block the dot product consumes (llama.cpp's `vec_dot_type`).
+    /// The activation block the dot product consumes (llama.cpp's `vec_dot_type`); the
+    /// type's [`WeightType::activation_type`](super::WeightType::activation_type) is read
+    /// from here.
     type Act: Block;
 
     /// Dequantize this block into `out[..Self::ELEMS]`.

@@ -13,7 +13,7 @@ mod pass;
 mod scratch;
 mod step;
 
-use blink_kernels::numa::NodePool;
+use blink_runtime::numa::NodePool;
 use thiserror::Error;
 
 use std::ops::Range;

@@ -1,11 +1,10 @@
 //! Working memory of the forward pass, allocated once for a maximum step size: one set of
 //! buffers per part, in that part's memory, plus the shared logits.
 
-use blink_kernels::numa::NumaError;
-use blink_kernels::quant;
+use blink_runtime::numa::NumaError;
+use blink_runtime::storage::Storage;
 
 use crate::kv_cache::TableSnapshot;
-use crate::memory::Storage;
 use crate::{Model, ModelError};
 
 /// One part's buffers. Activations are full width in every part: a part computes its own
@@ -65,7 +64,7 @@ impl Scratch {
             .parts
             .iter()
             .flat_map(|w| w.product_matrices())
-            .map(|m| quant::vec_dot_type(m.ty).row_bytes(m.cols as u64).unwrap_or(0) as usize)
+            .map(|m| m.mat_ref().activation_row_bytes().unwrap_or(0))
             .max()
             .unwrap_or(0)
             .next_multiple_of(64);

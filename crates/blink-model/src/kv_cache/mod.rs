@@ -20,9 +20,8 @@ mod pool;
 
 use std::ops::Range;
 
-use blink_kernels::numa::{NumaError, Topology, Zeroable};
-
-use crate::memory::Storage;
+use blink_runtime::numa::{NumaError, Topology, Zeroable};
+use blink_runtime::storage::Storage;
 
 pub use blocks::{KvBlocks, SeqId, SlotCopy, TableSnapshot};
 

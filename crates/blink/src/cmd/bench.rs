@@ -196,7 +196,7 @@ fn accounting(model: &Model) -> Vec<String> {
     } else {
         // A flat pool on an n-node machine: threads everywhere read weights that live on one
         // node (or are spread evenly); either way (n-1)/n of the reads cross nodes.
-        let n = model.placement().topology.n_nodes().max(blink_kernels::numa::Topology::detect().n_nodes());
+        let n = model.placement().topology.n_nodes().max(blink_runtime::numa::Topology::detect().n_nodes());
         let share = (n - 1) as f64 / n as f64;
         vec![format!(
             "flat pool on {n} node(s): expected cross-node weight reads {:.2} of {:.2} MB/token ({:.0}%)",
@@ -307,7 +307,7 @@ fn gen_speed(at: &mut Depth, n: usize) -> CliResult<f64> {
 fn report_bandwidth(model: &Model, threads: &[usize], rows: &[Row], json: bool) -> CliResult {
     let bytes = model.bytes_per_token() as f64;
     for &t in threads {
-        let gbs = blink_kernels::bandwidth::triad_gbs(t).map_err(|e| format!("bandwidth at {t} thread(s): {e}"))?;
+        let gbs = blink_runtime::bandwidth::triad_gbs(t).map_err(|e| format!("bandwidth at {t} thread(s): {e}"))?;
         let bound = gbs * 1e9 / bytes;
         let out = format!(
             "bandwidth: {t} thread(s) {gbs:.1} GB/s (triad); decode reads {:.1} MB/token, so decode ≤ {bound:.0} tok/s",

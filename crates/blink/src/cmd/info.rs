@@ -108,7 +108,7 @@ pub fn main(args: Args) -> CliResult {
     outln!("chat template:   {}", if loaded.template.is_some() { "yes" } else { "none (chat uses ChatML, run completes the prompt as is)" })?;
     outln!("kernel path:     {} (best on this CPU: {})", blink_kernels::cpu::active(), blink_kernels::cpu::Isa::best())?;
     outln!("dot order:       {}", blink_kernels::order::active())?;
-    let topology = blink_kernels::numa::Topology::detect();
+    let topology = blink_runtime::numa::Topology::detect();
     outln!("numa topology:   {} node(s)", topology.n_nodes())?;
     for line in topology.to_string().lines() {
         outln!("  {line}")?;

@@ -5,7 +5,7 @@
 //! projection into the residual stream (`attention_out`).
 
 use blink_kernels::attention::{self, Online};
-use blink_kernels::numa::NodeWorker;
+use blink_runtime::numa::NodeWorker;
 use blink_kernels::ops;
 
 use super::buffers::{PartView, Write};

@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use blink_kernels::gemm::Out;
-use blink_kernels::pool::SharedMut;
+use blink_runtime::pool::SharedMut;
 
 use crate::kv_cache::{KvElem, KvLayout};
 use crate::placement::Part;

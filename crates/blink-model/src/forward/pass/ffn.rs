@@ -2,7 +2,7 @@
 //! part's rows of the gate and up projections and SwiGLU on them (`ffn_in`), then the
 //! down projection into the residual stream (`ffn_out`).
 
-use blink_kernels::numa::NodeWorker;
+use blink_runtime::numa::NodeWorker;
 use blink_kernels::ops;
 
 use super::buffers::{PartView, Write};

@@ -21,10 +21,10 @@ mod project;
 use std::ops::Range;
 
 use blink_kernels::cpu::{self, Isa};
-use blink_kernels::numa::{NodePool, NodeWorker};
+use blink_runtime::numa::{NodePool, NodeWorker};
 use blink_kernels::ops;
 use blink_kernels::order::{self, DotOrder};
-use blink_kernels::pool::SharedMut;
+use blink_runtime::pool::SharedMut;
 
 use super::scratch::PartScratch;
 use super::{Scratch, Step, StepInput, StepOutput, StepRow};
@@ -35,7 +35,7 @@ use crate::Model;
 use buffers::{Buf, PartView, Shared, Write};
 
 /// The cache element store of a shard, by type.
-pub(super) trait StoreOf: KvElem + blink_kernels::numa::Zeroable {
+pub(super) trait StoreOf: KvElem + blink_runtime::numa::Zeroable {
     fn store(data: &mut KvData) -> &mut KvStore<Self>;
 }
 

@@ -4,10 +4,9 @@
 //! nowhere else.
 
 use blink_gguf::GgmlType;
-use blink_kernels::gemm;
-use blink_kernels::numa::NodeWorker;
+use blink_kernels::gemm::{self, ActRows};
 use blink_kernels::ops;
-use blink_kernels::quant;
+use blink_runtime::numa::NodeWorker;
 
 use super::buffers::{Buf, PartView, Write};
 use super::{Pass, StoreOf};
@@ -24,7 +23,8 @@ impl<T: StoreOf> Pass<'_, T> {
     pub(super) fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[(&Matrix, &Buf, usize, Write)]) {
         let mut quantized: Option<GgmlType> = None;
         for &(m, out, col, mode) in outputs {
-            let act_ty = quant::vec_dot_type(m.ty);
+            let mat = m.mat_ref();
+            let act_ty = mat.activation_type();
             if quantized != Some(act_ty) {
                 if quantized.is_some() {
                     w.group_barrier();
@@ -41,8 +41,8 @@ impl<T: StoreOf> Pass<'_, T> {
             // SAFETY: act is read-only in this phase (written before the last barrier); this
             // thread alone writes columns `col + r` of `out` for each range `r` it claims.
             unsafe {
-                let act = me.act.slice(0..count * self.act_stride);
-                gemm::gemm_chunks(self.isa, self.order, m.ty, m.layout, m.cols, m.bytes(), rows, act, self.act_stride, count, out.out(col, mode));
+                let act = ActRows { ty: act_ty, bytes: me.act.slice(0..count * self.act_stride), stride: self.act_stride, count };
+                gemm::product(self.isa, self.order, &mat, &act, rows, out.out(col, mode));
             }
         }
         w.group_barrier();

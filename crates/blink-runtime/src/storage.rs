@@ -1,8 +1,9 @@
-//! Buffers that live on the heap or in memory bound to a NUMA node.
+//! Buffers that live on the heap or in memory bound to a NUMA node: zeroed, lazily backed,
+//! chosen by a home that is either.
 
 use std::ops::{Deref, DerefMut};
 
-use blink_kernels::numa::{NodeBuffer, NumaError, Topology, Zeroable};
+use crate::numa::{NodeBuffer, NumaError, Topology, Zeroable};
 
 /// A zero-initialised buffer: on the heap, or bound to a NUMA node.
 pub enum Storage<T: Zeroable> {

@@ -1,6 +1,6 @@
 //! Dev tool: how long a pool run and a barrier take, for the flat pool and the node pool.
-use blink_kernels::numa::{NodePool, Topology};
-use blink_kernels::pool::ThreadPool;
+use blink_runtime::numa::{NodePool, Topology};
+use blink_runtime::pool::ThreadPool;
 fn main() {
     let pool = ThreadPool::new(2).unwrap();
     let t = std::time::Instant::now();

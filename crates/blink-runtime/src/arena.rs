@@ -1,26 +1,26 @@
-//! Where one home's weight copies live: a few large mappings, each advised to be backed by
-//! transparent huge pages, handed out piece by piece.
+//! Where one home's long-lived copies (a model part's weights) live: a few large mappings,
+//! each advised to be backed by transparent huge pages, handed out piece by piece.
 //!
-//! A decode step streams every weight from memory. In 4 KiB pages that is a TLB miss per
-//! page, and the hardware prefetcher stops at every page boundary; in 2 MiB pages neither
-//! happens. One mapping per matrix would be too small for huge pages, so matrices are
-//! packed one after another into 32 MiB chunks, starting on a 2 MiB boundary. Untouched
-//! pages cost nothing, so a chunk's unused tail costs at most one huge page.
+//! Data streamed from memory every step (weights, in a decode step) costs a TLB miss per
+//! 4 KiB page, and the hardware prefetcher stops at every page boundary; in 2 MiB pages
+//! neither happens. One mapping per piece (a matrix) would be too small for huge pages, so
+//! pieces are packed one after another into 32 MiB chunks, starting on a 2 MiB boundary.
+//! Untouched pages cost nothing, so a chunk's unused tail costs at most one huge page.
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use blink_kernels::numa::{NodeBuffer, NumaError, Topology};
+use crate::numa::{NodeBuffer, NumaError, Topology};
 
-/// Bytes a chunk holds, unless one matrix needs more.
+/// Bytes a chunk holds, unless one piece needs more.
 const CHUNK_BYTES: usize = 32 << 20;
 /// The huge page size the chunks are laid out for.
 const HUGE_PAGE: usize = 2 << 20;
-/// Alignment of each piece (a cache line, as the kernels' loads want).
+/// Alignment of each piece (a cache line, as vector loads want).
 const PIECE_ALIGN: usize = 64;
 
 /// A piece of an arena chunk: `len` bytes at `at` in `chunk`, which it keeps alive.
-pub(crate) struct Piece {
+pub struct Piece {
     pub chunk: Arc<NodeBuffer<u8>>,
     pub at: usize,
     pub len: usize,
@@ -32,18 +32,18 @@ struct Chunk {
 }
 
 /// Hands out pieces of chunks in one home: unbound memory, or memory bound to a node.
-pub(crate) struct Arena<'a> {
+pub struct Arena<'a> {
     node: Option<(&'a Topology, usize)>,
     current: RefCell<Option<Chunk>>,
 }
 
 impl<'a> Arena<'a> {
-    pub(crate) fn new(node: Option<(&'a Topology, usize)>) -> Arena<'a> {
+    pub fn new(node: Option<(&'a Topology, usize)>) -> Arena<'a> {
         Arena { node, current: RefCell::new(None) }
     }
 
     /// A copy of `bytes` in the arena.
-    pub(crate) fn place(&self, bytes: &[u8]) -> Result<Piece, NumaError> {
+    pub fn place(&self, bytes: &[u8]) -> Result<Piece, NumaError> {
         let mut current = self.current.borrow_mut();
         let fits = current.as_ref().is_some_and(|c| c.used.next_multiple_of(PIECE_ALIGN) + bytes.len() <= c.buf.len());
         if !fits {

@@ -1,0 +1,18 @@
+//! Where Blink's compute runs: threads, pinning, NUMA topology, node memory and bandwidth
+//! probing. Owns the persistent SPMD thread pool ([`pool`]) and its per-node form with
+//! work claiming ([`numa`]), pinning threads to CPUs ([`affinity`]), the machine's NUMA
+//! nodes, memory bound to a node ([`numa::NodeBuffer`]), zeroed buffers on the heap or a
+//! node ([`storage`]), huge-page chunks handed out piece by piece ([`arena`]) and the
+//! memory-bandwidth probe ([`bandwidth`]); later also memory-map advice (prefetch,
+//! release, residency).
+//!
+//! Must not touch numerics, models or file formats: it runs closures and hands out memory,
+//! and knows nothing of what they compute or hold.
+
+pub mod affinity;
+pub mod arena;
+pub mod bandwidth;
+mod park;
+pub mod numa;
+pub mod pool;
+pub mod storage;
