@@ -107,7 +107,7 @@ mod linux {
     pub fn status_cpus() -> Option<Vec<usize>> {
         let status = std::fs::read_to_string("/proc/self/status").ok()?;
         let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
-        crate::numa::parse_cpulist(list.trim()).ok()
+        crate::cpulist::parse_cpulist(list.trim()).ok()
     }
 
     #[cfg(test)]

@@ -12,6 +12,7 @@
 pub mod affinity;
 pub mod arena;
 pub mod bandwidth;
+pub mod cpulist;
 mod park;
 pub mod numa;
 pub mod pool;

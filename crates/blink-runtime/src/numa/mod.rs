@@ -23,7 +23,8 @@ pub mod topology;
 pub use claim::Claims;
 pub use groups::{NodePool, NodeWorker};
 pub use memory::{node_of_page, page_size, Binding, NodeBuffer, Zeroable};
-pub use topology::{format_cpulist, parse_cpulist, Node, Topology, TopologySource};
+pub use crate::cpulist::{format_cpulist, parse_cpulist};
+pub use topology::{Node, Topology, TopologySource};
 
 use std::path::PathBuf;
 
