@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blink_gguf::{GgufError, GgufFile};
-use blink_model::{Model, ModelError, Placement};
+use blink_model::{Model, ModelError, TensorPlacement};
 use blink_text::{ChatTemplate, TemplateError, Tokenizer, TokenizerError};
 use thiserror::Error;
 
@@ -47,11 +47,11 @@ pub enum LoadFailure {
 impl Loaded {
     /// Open and validate the GGUF file at `path`, then load the model for `placement`, its
     /// tokenizer and its chat template (the kernel path must already be fixed).
-    pub fn load(path: &Path, placement: &Placement) -> Result<Loaded, LoadError> {
+    pub fn load(path: &Path, placement: &TensorPlacement) -> Result<Loaded, LoadError> {
         Self::load_parts(path, placement).map_err(|reason| LoadError { path: path.to_owned(), reason })
     }
 
-    fn load_parts(path: &Path, placement: &Placement) -> Result<Loaded, LoadFailure> {
+    fn load_parts(path: &Path, placement: &TensorPlacement) -> Result<Loaded, LoadFailure> {
         let file = Arc::new(GgufFile::open(path)?);
         // The architecture first: it is the most basic thing a file can get wrong.
         let model = Model::from_gguf_placed(file.clone(), placement)?;

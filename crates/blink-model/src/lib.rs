@@ -9,7 +9,7 @@ pub mod config;
 pub mod fetch;
 pub mod forward;
 pub mod kv_cache;
-pub mod placement;
+pub mod parallel;
 pub mod rope;
 pub mod weights;
 
@@ -25,7 +25,7 @@ pub use config::{Arch, ModelConfig};
 pub use forward::{AdapterSlot, ForwardError, RowKind, Scratch, Step, StepInput, StepOutput, StepRow};
 pub use kv_cache::{KvCache, KvType, SeqId};
 pub use rope::Rope;
-pub use placement::{Part, Placement, Plan};
+pub use parallel::tensor::{TensorPart, TensorPlacement, TensorSplit};
 pub use weights::Weights;
 
 /// Why a model could not be loaded.
@@ -56,40 +56,41 @@ pub enum ModelError {
 pub struct Model {
     pub cfg: ModelConfig,
     pub rope: Rope,
-    pub plan: Plan,
-    /// One per part of `plan`, in the part's memory.
+    /// How the work is split over the parts (one part for a flat model).
+    pub split: TensorSplit,
+    /// One per part of `split`, in the part's memory.
     pub parts: Vec<Weights>,
-    placement: Placement,
+    placement: TensorPlacement,
     file: Arc<GgufFile>,
 }
 
 impl Model {
     /// Build a flat model from an opened (and therefore validated) GGUF file.
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
-        Self::from_gguf_placed(file, &Placement::flat(1))
+        Self::from_gguf_placed(file, &TensorPlacement::flat(1))
     }
 
     /// Build the model for `placement`: flat, or split over its NUMA nodes.
-    pub fn from_gguf_placed(file: Arc<GgufFile>, placement: &Placement) -> Result<Model, ModelError> {
+    pub fn from_gguf_placed(file: Arc<GgufFile>, placement: &TensorPlacement) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
         weights::check_layer_count(&file, &cfg)?;
         if placement.numa && placement.n_parts() > forward::MAX_PARTS {
             return Err(ModelError::Placement(format!("{} NUMA nodes; tensor parallelism splits a model over at most {}", placement.n_parts(), forward::MAX_PARTS)));
         }
         let isa = blink_kernels::cpu::active();
-        let plan = if placement.numa { Plan::new(&cfg, &placement.threads) } else { Plan::new(&cfg, &[1]) };
-        let homes: Vec<Home> = (0..plan.parts.len())
+        let split = if placement.numa { TensorSplit::new(&cfg, &placement.threads) } else { TensorSplit::new(&cfg, &[1]) };
+        let homes: Vec<Home> = (0..split.parts.len())
             .map(|node| if placement.numa { Home::Node { topology: &placement.topology, node } } else { Home::Shared })
             .collect();
         let used = weights::Used::default();
         let rope_freqs = Loader::new(&file, isa, Home::Shared, &used).rope_freqs(&cfg)?;
-        let load = |part: &placement::Part, home: Home| Weights::load(&Loader::new(&file, isa, home, &used), &cfg, part);
+        let load = |part: &parallel::tensor::TensorPart, home: Home| Weights::load(&Loader::new(&file, isa, home, &used), &cfg, part);
         let parts = if placement.numa {
             // Each node's part is loaded by a thread on that node, all at once: its pages
             // are first touched there, so they are local even where binding is refused
             // (a container without the right to call mbind, a node without memory).
             std::thread::scope(|scope| {
-                let loads = plan
+                let loads = split
                     .parts
                     .iter()
                     .zip(&homes)
@@ -106,12 +107,12 @@ impl Model {
                 loads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect::<Result<Vec<_>, _>>()
             })?
         } else {
-            plan.parts.iter().zip(&homes).map(|(part, &home)| load(part, home)).collect::<Result<Vec<_>, _>>()?
+            split.parts.iter().zip(&homes).map(|(part, &home)| load(part, home)).collect::<Result<Vec<_>, _>>()?
         };
         used.check_all(&file)?;
         weights::release_copied(&file, &parts);
         let rope = Rope::new(&cfg.rope, rope_freqs);
-        Ok(Model { cfg, rope, plan, parts, placement: placement.clone(), file })
+        Ok(Model { cfg, rope, split, parts, placement: placement.clone(), file })
     }
 
     /// Open, validate and load the GGUF file at `path` (flat).
@@ -125,7 +126,7 @@ impl Model {
     }
 
     /// How the model is spread over the machine.
-    pub fn placement(&self) -> &Placement {
+    pub fn placement(&self) -> &TensorPlacement {
         &self.placement
     }
 
@@ -157,7 +158,7 @@ impl Model {
         }
         let topology = &self.placement.topology;
         let shards: Vec<(usize, Option<(&blink_runtime::numa::Topology, usize)>)> = self
-            .plan
+            .split
             .parts
             .iter()
             .enumerate()
@@ -179,7 +180,7 @@ impl Model {
     }
 
     fn build_pool(&self, threads: usize, detached: bool) -> Result<blink_runtime::numa::NodePool, ModelError> {
-        let placement = if self.placement.numa { self.placement.clone() } else { Placement::flat(threads) };
+        let placement = if self.placement.numa { self.placement.clone() } else { TensorPlacement::flat(threads) };
         placement.pool(detached).map_err(|e| match e {
             blink_runtime::numa::NumaError::Spawn(e) => ModelError::Threads(e),
             e => ModelError::Placement(e.to_string()),

@@ -2,7 +2,7 @@
 //!
 //! A flat model is one part holding everything: matrices stay in the file's memory map
 //! unless the kernels want them repacked. A tensor-parallel model has one part per NUMA
-//! node, holding that node's rows (see `placement`) copied into memory bound to the node,
+//! node, holding that node's rows (see `parallel::tensor`) copied into memory bound to the node,
 //! so the forward pass never reads another node's memory. Every shape and type the
 //! forward pass relies on is checked here, so the forward pass itself never has to.
 
@@ -18,7 +18,7 @@ use blink_runtime::arena::{Arena, Piece};
 use blink_runtime::numa::{NodeBuffer, Topology};
 
 use crate::config::{Arch, ModelConfig};
-use crate::placement::Part;
+use crate::parallel::tensor::TensorPart;
 use crate::ModelError;
 
 /// Borrowed bytes kept alive by an owner (the memory-mapped file, or an owned buffer).
@@ -276,7 +276,7 @@ impl<'a> Loader<'a> {
 
 impl Weights {
     /// Locate, check and place `part`'s share of every tensor `cfg` needs.
-    pub(crate) fn load(ld: &Loader, cfg: &ModelConfig, part: &Part) -> Result<Weights, ModelError> {
+    pub(crate) fn load(ld: &Loader, cfg: &ModelConfig, part: &TensorPart) -> Result<Weights, ModelError> {
         let (d, q, kv, ff, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff, cfg.head_dim);
         let vocab = cfg.vocab_size;
         let qr = part.q_heads.start * hd..part.q_heads.end * hd;

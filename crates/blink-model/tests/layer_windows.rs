@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use blink_gguf::GgufFile;
 use blink_runtime::numa::{NodePool, Topology};
-use blink_model::{AdapterSlot, ForwardError, KvCache, KvType, Model, Placement, RowKind, Scratch, SeqId, Step, StepInput, StepOutput, StepRow};
+use blink_model::{AdapterSlot, ForwardError, KvCache, KvType, Model, TensorPlacement, RowKind, Scratch, SeqId, Step, StepInput, StepOutput, StepRow};
 
 const CTX: usize = 128;
 const DECODE: usize = 6;
@@ -118,7 +118,7 @@ fn chained_windows_match_the_whole_pass_bit_for_bit() {
 
 #[test]
 fn chained_windows_match_the_whole_pass_bit_for_bit_over_two_nodes() {
-    let placement = Placement::tensor_parallel(Topology::simulated(2), 2);
+    let placement = TensorPlacement::tensor_parallel(Topology::simulated(2), 2);
     let model = Model::from_gguf_placed(file(), &placement).unwrap();
     check_chains(&model, &model.pool(2).unwrap(), "two simulated nodes");
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use blink_gguf::GgufFile;
-use blink_model::{KvType, Model, Placement, Scratch, StepRow};
+use blink_model::{KvType, Model, TensorPlacement, Scratch, StepRow};
 use blink_runtime::numa::Topology;
 
 fn golden_prompts() -> Vec<Vec<u32>> {
@@ -56,11 +56,11 @@ fn simulated_nodes_match_the_flat_model_bit_for_bit() {
     let prompts = golden_prompts();
     let reference: Vec<_> = prompts.iter().map(|p| greedy(&flat, 2, p, 32)).collect();
     for nodes in [2usize, 3] {
-        let placement = Placement::tensor_parallel(Topology::simulated(nodes), nodes);
+        let placement = TensorPlacement::tensor_parallel(Topology::simulated(nodes), nodes);
         let tp = Model::from_gguf_placed(file.clone(), &placement).unwrap();
         assert_eq!(tp.parts.len(), nodes);
         // Every head, row and vocabulary entry belongs to some part.
-        let heads: usize = tp.plan.parts.iter().map(|p| p.q_heads.len()).sum();
+        let heads: usize = tp.split.parts.iter().map(|p| p.q_heads.len()).sum();
         assert_eq!(heads, tp.cfg.n_head);
         for (p, (want_tokens, want_logits)) in prompts.iter().zip(&reference) {
             let (tokens, logits) = greedy(&tp, nodes, p, 32);
@@ -79,7 +79,7 @@ fn column_parallel_shards_are_bit_identical_to_the_unsplit_rows() {
     // whole matrix: shards are exact slices (checked through the weights' bytes per row).
     let file = file();
     let flat = Model::from_gguf(file.clone()).unwrap();
-    let tp = Model::from_gguf_placed(file, &Placement::tensor_parallel(Topology::simulated(3), 3)).unwrap();
+    let tp = Model::from_gguf_placed(file, &TensorPlacement::tensor_parallel(Topology::simulated(3), 3)).unwrap();
     let total_rows: usize = tp.parts.iter().map(|w| w.layers[0].w_gate.rows).sum();
     assert_eq!(total_rows, flat.parts[0].layers[0].w_gate.rows);
     let bytes: usize = tp.bytes_per_token_by_part().iter().sum();
@@ -94,7 +94,7 @@ fn every_page_of_each_part_lives_on_its_node() {
     // the same test checks each node's part.
     let topology = Topology::detect();
     let nodes = topology.nodes().len();
-    let placement = Placement::tensor_parallel(topology.clone(), nodes);
+    let placement = TensorPlacement::tensor_parallel(topology.clone(), nodes);
     let model = Model::from_gguf_placed(file(), &placement).unwrap();
     let page = blink_runtime::numa::page_size();
     let mut checked = 0;

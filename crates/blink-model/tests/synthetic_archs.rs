@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use blink_gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
 use blink_kernels::quant::quantize_weights;
-use blink_model::{KvType, Model, Placement, Scratch, StepRow};
+use blink_model::{KvType, Model, TensorPlacement, Scratch, StepRow};
 use blink_runtime::numa::Topology;
 
 const VOCAB: usize = 96;
@@ -135,7 +135,7 @@ fn check(arch: &str, matrix: GgmlType, scaling: bool) {
     assert_eq!(&batched[b.len()..], &alone[..], "{arch}: batch changed the result");
     // Split over 2 and 3 simulated nodes: identical bits.
     for nodes in [2usize, 3] {
-        let tp = Model::from_gguf_placed(file.clone(), &Placement::tensor_parallel(Topology::simulated(nodes), nodes)).unwrap();
+        let tp = Model::from_gguf_placed(file.clone(), &TensorPlacement::tensor_parallel(Topology::simulated(nodes), nodes)).unwrap();
         assert_eq!(logits(&tp, nodes, std::slice::from_ref(&a)), alone, "{arch}: {nodes} nodes changed the result");
     }
 }

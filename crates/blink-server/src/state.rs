@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use blink_engine::serve::{Engine, EngineConfig};
 use blink_engine::Loaded;
-use blink_model::{KvType, Placement};
+use blink_model::{KvType, TensorPlacement};
 use blink_text::{ChatMessage, ChatTemplate, Tokenizer};
 
 use crate::error::ApiError;
@@ -64,7 +64,7 @@ pub struct ModelOptions {
     pub kv_type: KvType,
     pub prefix_cache: bool,
     /// Flat or tensor parallel over NUMA nodes (`None`: flat over `threads`).
-    pub placement: Option<Placement>,
+    pub placement: Option<TensorPlacement>,
 }
 
 impl ModelOptions {
@@ -107,7 +107,7 @@ impl Ready {
     pub fn load(opts: &ModelOptions) -> Result<Ready, String> {
         let path = &opts.path;
         let threads = if opts.threads > 0 { opts.threads } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
-        let placement = opts.placement.clone().unwrap_or_else(|| Placement::flat(threads));
+        let placement = opts.placement.clone().unwrap_or_else(|| TensorPlacement::flat(threads));
         let mut loaded = Loaded::load(path, &placement).map_err(|e| e.to_string())?;
         // As llama.cpp's server, a model without a template chats in ChatML.
         if let Some(w) = loaded.chatml_if_missing() {

@@ -17,7 +17,7 @@ fn official_openai_python_client_passes() {
 /// (`blink serve --numa-nodes 2`): tensor parallelism must not change any answer.
 #[test]
 fn official_openai_python_client_passes_with_two_numa_nodes() {
-    let placement = blink_model::Placement::tensor_parallel(blink_runtime::numa::Topology::simulated(2), 2);
+    let placement = blink_model::TensorPlacement::tensor_parallel(blink_runtime::numa::Topology::simulated(2), 2);
     let options = blink_server::ModelOptions { placement: Some(placement), ..model_options() };
     run_script(&TestServer::start(blink_server::ServerOptions::default(), options));
 }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use blink_engine::Loaded;
 use blink_gguf::GgufFile;
-use blink_model::{KvType, Model, Placement};
+use blink_model::{KvType, Model, TensorPlacement};
 use clap::Args;
 
 /// Errors of the CLI: one line each.
@@ -195,7 +195,7 @@ pub struct NumaArgs {
 
 impl NumaArgs {
     /// The placement for `threads` compute threads.
-    pub fn placement(&self, threads: usize) -> CliResult<Placement> {
+    pub fn placement(&self, threads: usize) -> CliResult<TensorPlacement> {
         let placement = self.placement_for(threads)?;
         if placement.n_threads() > threads {
             eprintln!("blink: note: each of the {} NUMA nodes needs a thread: running {} threads", placement.n_parts(), placement.n_threads());
@@ -203,17 +203,17 @@ impl NumaArgs {
         Ok(placement)
     }
 
-    fn placement_for(&self, threads: usize) -> CliResult<Placement> {
+    fn placement_for(&self, threads: usize) -> CliResult<TensorPlacement> {
         use blink_runtime::numa::Topology;
         match (self.numa.as_deref(), self.numa_nodes) {
             (_, Some(0)) => Err("--numa-nodes must be at least 1".into()),
             (_, Some(n)) if n > blink_model::forward::MAX_PARTS => Err(format!("--numa-nodes must be at most {}", blink_model::forward::MAX_PARTS).into()),
             (Some("off"), Some(_)) => Err("--numa-nodes needs --numa tp".into()),
-            (_, Some(n)) => Ok(Placement::tensor_parallel(Topology::simulated(n), threads)),
-            (Some("off"), None) => Ok(Placement::flat(threads)),
-            (Some(_), None) => Ok(Placement::tensor_parallel(Topology::detect(), threads)),
+            (_, Some(n)) => Ok(TensorPlacement::tensor_parallel(Topology::simulated(n), threads)),
+            (Some("off"), None) => Ok(TensorPlacement::flat(threads)),
+            (Some(_), None) => Ok(TensorPlacement::tensor_parallel(Topology::detect(), threads)),
             (None, None) => {
-                let (placement, note) = Placement::automatic(Topology::detect(), threads);
+                let (placement, note) = TensorPlacement::automatic(Topology::detect(), threads);
                 if let Some(note) = note {
                     eprintln!("note: {note}");
                 }
@@ -277,13 +277,13 @@ pub fn load_model(args: &ModelArgs, compute: Option<&ComputeArgs>) -> CliResult<
             c.kernel.apply()?;
             c.numa.placement(c.threads()?)?
         }
-        None => Placement::flat(1),
+        None => TensorPlacement::flat(1),
     };
     load_model_placed(args, &placement)
 }
 
 /// Load with an explicit placement (the kernel path must already be fixed).
-pub fn load_model_placed(args: &ModelArgs, placement: &Placement) -> CliResult<Loaded> {
+pub fn load_model_placed(args: &ModelArgs, placement: &TensorPlacement) -> CliResult<Loaded> {
     let loaded = Loaded::load(&args.path()?, placement)?;
     for w in &loaded.warnings {
         eprintln!("blink: warning: {w}");

@@ -22,7 +22,7 @@ use std::time::Duration;
 use crate::kv_cache::{KvBlocks, KvCache, KvError, KvType, SeqId};
 use crate::Model;
 
-pub use crate::placement::MAX_PARTS;
+pub use crate::parallel::tensor::MAX_PARTS;
 pub use scratch::Scratch;
 pub use step::{AdapterSlot, RowKind, Step, StepInput, StepOutput, StepRow};
 
@@ -99,7 +99,7 @@ impl Model {
         if pool.n_nodes() != self.parts.len() || (0..pool.n_nodes()).any(|n| pool.threads_in_node(n).unwrap_or(0) > scratch.n_threads()) {
             return Err(ForwardError::PoolMismatch);
         }
-        let shapes_match = kv.layouts().count() == self.parts.len() && kv.layouts().zip(&self.plan.parts).all(|(l, p)| l.n_kv_heads == p.kv_heads.len());
+        let shapes_match = kv.layouts().count() == self.parts.len() && kv.layouts().zip(&self.split.parts).all(|(l, p)| l.n_kv_heads == p.kv_heads.len());
         if !shapes_match || scratch.parts.len() != self.parts.len() {
             return Err(ForwardError::CacheMismatch);
         }

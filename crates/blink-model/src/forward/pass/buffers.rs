@@ -8,7 +8,7 @@ use blink_kernels::gemm::Out;
 use blink_runtime::pool::SharedMut;
 
 use crate::kv_cache::{KvElem, KvLayout};
-use crate::placement::Part;
+use crate::parallel::tensor::TensorPart;
 use crate::weights::Weights;
 
 /// Whether a projection overwrites its output or adds to it (residual connections).
@@ -74,7 +74,7 @@ impl<'a> Buf<'a> {
 /// One part's weights, buffers and cache shard, as seen during a step.
 pub(super) struct PartView<'a, T: KvElem> {
     pub(super) w: &'a Weights,
-    pub(super) part: &'a Part,
+    pub(super) part: &'a TensorPart,
     pub(super) x: Buf<'a>,
     pub(super) xn: Buf<'a>,
     pub(super) q: Buf<'a>,

@@ -29,7 +29,7 @@ use blink_runtime::pool::SharedMut;
 use super::scratch::PartScratch;
 use super::{Scratch, Step, StepInput, StepOutput, StepRow};
 use crate::kv_cache::{KvData, KvElem, KvShard, KvStore, TableSnapshot};
-use crate::placement::{Part, MAX_PARTS};
+use crate::parallel::tensor::{TensorPart, MAX_PARTS};
 use crate::weights::Weights;
 use crate::Model;
 use buffers::{Buf, PartView, Shared, Write};
@@ -82,10 +82,10 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         let mut it = model
             .parts
             .iter()
-            .zip(&model.plan.parts)
+            .zip(&model.split.parts)
             .zip(s.parts.iter_mut())
             .zip(shards.iter_mut())
-            .map(|(((w, part), ps), shard): (((&Weights, &Part), &mut PartScratch), &mut KvShard)| {
+            .map(|(((w, part), ps), shard): (((&Weights, &TensorPart), &mut PartScratch), &mut KvShard)| {
                 let layout = shard.layout;
                 let store = T::store(&mut shard.data);
                 PartView {
@@ -150,7 +150,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         for l in self.layers.clone() {
             let lw = &me.w.layers[l];
             self.attention_in(w, me, l, lw);
-            if self.model.plan.shares_kv {
+            if self.model.split.shares_kv {
                 w.group_barrier();
                 self.share_queries(w, me);
                 w.global_barrier();

@@ -18,7 +18,7 @@ pub const MAX_PARTS: usize = 16;
 
 /// How the model is spread over the machine.
 #[derive(Clone, Debug)]
-pub struct Placement {
+pub struct TensorPlacement {
     pub topology: Topology,
     /// Threads of each node (one entry per node used).
     pub threads: Vec<usize>,
@@ -26,33 +26,33 @@ pub struct Placement {
     pub numa: bool,
 }
 
-impl Placement {
+impl TensorPlacement {
     /// One flat pool of `threads` threads over the CPUs this process may use; memory is
     /// not bound to any node.
-    pub fn flat(threads: usize) -> Placement {
+    pub fn flat(threads: usize) -> TensorPlacement {
         let cpus = blink_runtime::affinity::allowed_cpus();
-        Placement { topology: Topology::fallback(&cpus), threads: vec![threads.max(1)], numa: false }
+        TensorPlacement { topology: Topology::fallback(&cpus), threads: vec![threads.max(1)], numa: false }
     }
 
     /// Tensor parallel over `topology`'s nodes, `threads` in all, divided among the nodes in
     /// proportion to their CPUs (at least one each).
-    pub fn tensor_parallel(topology: Topology, threads: usize) -> Placement {
+    pub fn tensor_parallel(topology: Topology, threads: usize) -> TensorPlacement {
         let cpus: Vec<usize> = topology.nodes().iter().map(|n| n.cpus.len().max(1)).collect();
         let per_node = proportional(threads.max(cpus.len()), &cpus, 1).iter().map(|r| r.len().max(1)).collect();
-        Placement { topology, threads: per_node, numa: true }
+        TensorPlacement { topology, threads: per_node, numa: true }
     }
 
     /// The placement when none is asked for: tensor parallel on a machine of 2 to
     /// [`MAX_PARTS`] nodes, else one flat pool, with a note
     /// when there are more nodes than parts.
-    pub fn automatic(topology: Topology, threads: usize) -> (Placement, Option<String>) {
+    pub fn automatic(topology: Topology, threads: usize) -> (TensorPlacement, Option<String>) {
         let nodes = topology.n_nodes();
         let max = MAX_PARTS;
         match nodes {
-            2.. if nodes <= max => (Placement::tensor_parallel(topology, threads), None),
-            1 => (Placement::flat(threads), None),
+            2.. if nodes <= max => (TensorPlacement::tensor_parallel(topology, threads), None),
+            1 => (TensorPlacement::flat(threads), None),
             _ => (
-                Placement::flat(threads),
+                TensorPlacement::flat(threads),
                 Some(format!("{nodes} NUMA nodes, more than the {max} parts tensor parallelism splits a model into: running on one flat pool")),
             ),
         }
@@ -81,7 +81,7 @@ impl Placement {
 
 /// One node's part of the model: the ranges of work and weights it owns.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Part {
+pub struct TensorPart {
     pub q_heads: Range<usize>,
     /// The key/value heads its query heads use (neighbouring parts may share one).
     pub kv_heads: Range<usize>,
@@ -98,16 +98,16 @@ pub struct Part {
 
 /// The parts of a model for a placement.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Plan {
-    pub parts: Vec<Part>,
+pub struct TensorSplit {
+    pub parts: Vec<TensorPart>,
     /// Whether some key/value head is held by more than one part (their query vectors
     /// are then exchanged before attention).
     pub shares_kv: bool,
 }
 
-impl Plan {
+impl TensorSplit {
     /// Split `cfg`'s work over parts weighted by `weights` (threads per node).
-    pub fn new(cfg: &ModelConfig, weights: &[usize]) -> Plan {
+    pub fn new(cfg: &ModelConfig, weights: &[usize]) -> TensorSplit {
         let group = cfg.n_head / cfg.n_head_kv;
         let q = proportional(cfg.n_head, weights, 1);
         let embd = proportional(cfg.n_embd, weights, ROW_ALIGN);
@@ -121,11 +121,11 @@ impl Plan {
                 } else {
                     q_heads.start / group..(q_heads.end - 1) / group + 1
                 };
-                Part { q_heads, kv_heads, embd_rows: embd[i].clone(), ff_rows: ff[i].clone(), vocab_rows: vocab[i].clone(), kv_groups: Vec::new() }
+                TensorPart { q_heads, kv_heads, embd_rows: embd[i].clone(), ff_rows: ff[i].clone(), vocab_rows: vocab[i].clone(), kv_groups: Vec::new() }
             })
-            .collect::<Vec<Part>>();
+            .collect::<Vec<TensorPart>>();
         let mut parts = parts;
-        let holders = |g: usize, parts: &[Part]| parts.iter().enumerate().filter(|(_, p)| p.kv_heads.contains(&g)).map(|(i, _)| i).collect::<Vec<_>>();
+        let holders = |g: usize, parts: &[TensorPart]| parts.iter().enumerate().filter(|(_, p)| p.kv_heads.contains(&g)).map(|(i, _)| i).collect::<Vec<_>>();
         let mut shares_kv = false;
         for i in 0..parts.len() {
             let groups = parts[i]
@@ -139,7 +139,7 @@ impl Plan {
                 .collect();
             parts[i].kv_groups = groups;
         }
-        Plan { parts, shares_kv }
+        TensorSplit { parts, shares_kv }
     }
 }
 
@@ -194,7 +194,7 @@ mod tests {
             let (root, cpus) = sysfs_of(nodes);
             let topology = Topology::from_sysfs(&root, &cpus);
             std::fs::remove_dir_all(&root).unwrap();
-            let (placement, note) = Placement::automatic(topology.unwrap(), nodes);
+            let (placement, note) = TensorPlacement::automatic(topology.unwrap(), nodes);
             assert_eq!((placement.numa, note.is_some()), (tensor_parallel, noted), "{nodes} nodes: {note:?}");
             if tensor_parallel {
                 assert_eq!(placement.n_parts(), nodes);
