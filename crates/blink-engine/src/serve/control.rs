@@ -141,6 +141,8 @@ impl Control {
         self.take_commands();
         self.drop_cancelled();
         self.admit(kv);
+        // What the admissions did not take back of the blocks freed above goes to the OS.
+        kv.return_free_memory_if_due();
         self.refresh_index();
         self.planned.clear();
         self.plan_prompts(decoding);
@@ -350,8 +352,7 @@ impl Control {
         let s = &mut self.stats;
         s.queue_depth = self.waiting.len();
         s.running = self.running.len();
-        s.kv_blocks_cached = kv.cached_blocks();
-        s.kv_blocks_used = kv.n_blocks() - kv.free_blocks();
+        s.read_cache(kv);
         if let Ok(mut shared) = self.shared_stats.lock() {
             shared.clone_from(s);
         }

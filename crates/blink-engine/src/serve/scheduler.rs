@@ -45,7 +45,8 @@ impl Scheduler {
         eog.sort_unstable();
         let cfg = EngineConfig { max_running: cfg.max_running.max(1), step_tokens: cfg.step_tokens.max(1), ..cfg.clone() };
         let max_rows = cfg.step_tokens.saturating_add(cfg.max_running);
-        let kv = model.try_new_kv_cache(cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("a KV cache", cfg.kv_tokens))?;
+        let mut kv = model.try_new_kv_cache(cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("a KV cache", cfg.kv_tokens))?;
+        kv.limit_cached_tokens(cfg.cached_tokens_limit());
         let scratch = Scratch::try_new(&model, max_rows, cfg.max_running, cfg.max_seq_len.max(1), cfg.n_threads.max(1))
             .map_err(EngineError::no_memory("step buffers", max_rows))?;
         Ok(Scheduler {
