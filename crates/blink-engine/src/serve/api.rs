@@ -111,6 +111,7 @@ pub struct EngineStats {
 impl EngineStats {
     /// Take the cache's figures.
     pub(super) fn read_cache(&mut self, kv: &blink_model::kv_cache::KvBlocks) {
+        self.kv_blocks_total = kv.n_blocks();
         self.kv_blocks_cached = kv.cached_blocks();
         self.kv_blocks_used = kv.n_blocks() - kv.free_blocks();
         self.kv_blocks_cached_limit = kv.cached_blocks_limit().min(kv.n_blocks());

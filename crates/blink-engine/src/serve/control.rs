@@ -81,9 +81,10 @@ impl Control {
         commands: Receiver<Command>,
         shared_stats: Arc<Mutex<EngineStats>>,
         occupancy: Arc<Occupancy>,
-        kv_blocks_total: usize,
+        kv: &KvBlocks,
     ) -> Control {
-        let stats = EngineStats { kv_blocks_total, ..Default::default() };
+        let mut stats = EngineStats::default();
+        stats.read_cache(kv);
         // Published at once, so the cache's size is known before the first request.
         if let Ok(mut shared) = shared_stats.lock() {
             shared.clone_from(&stats);

@@ -51,7 +51,7 @@ impl Scheduler {
             .map_err(EngineError::no_memory("step buffers", max_rows))?;
         Ok(Scheduler {
             pool: model.detached_pool(cfg.n_threads.max(1)).map_err(EngineError::Threads)?,
-            ctl: Control::new(cfg, commands, stats, occupancy, kv.n_blocks()),
+            ctl: Control::new(cfg, commands, stats, occupancy, &kv),
             kv,
             scratch,
             rows: Vec::with_capacity(max_rows),
