@@ -122,6 +122,11 @@ impl Metrics {
         gauge(&mut out, "blink_kv_blocks_used", "KV cache blocks owned by running sequences.", s.kv_blocks_used as f64);
         gauge(&mut out, "blink_kv_blocks_cached", "KV cache blocks without an owner that still hold a cached prompt prefix (reusable).", s.kv_blocks_cached as f64);
         gauge(&mut out, "blink_kv_blocks_total", "KV cache blocks in all.", s.kv_blocks_total as f64);
+        gauge(&mut out, "blink_kv_blocks_cached_limit", "Most KV cache blocks the prefix cache keeps without an owner (--prefix-cache-tokens).", s.kv_blocks_cached_limit as f64);
+        gauge(&mut out, "blink_kv_blocks_released", "Free KV cache blocks whose memory is with the OS (never used, or given back).", s.kv_blocks_released as f64);
+        gauge(&mut out, "blink_kv_resident_bytes", "Bytes of KV cache values at most resident: those of every block but the released ones.", s.kv_resident_bytes as f64);
+        counter(&mut out, "blink_kv_return_calls_total", "Calls that gave the pages of free KV cache blocks back to the OS.", s.kv_return_calls_total as f64);
+        counter(&mut out, "blink_kv_returned_bytes_total", "Bytes of free KV cache blocks given back to the OS.", s.kv_returned_bytes_total as f64);
         let usage = if s.kv_blocks_total > 0 { s.kv_blocks_used as f64 / s.kv_blocks_total as f64 } else { 0.0 };
         gauge(&mut out, "blink_kv_usage_ratio", "Share of KV cache blocks owned by running sequences.", usage);
         gauge(&mut out, "blink_f_ctrl", "Share of engine step time not spent in the forward pass.", s.f_ctrl());
@@ -168,7 +173,7 @@ mod tests {
         m.add_tokens(10, 5);
         m.ttft.observe(0.2);
         m.itl.observe(0.02);
-        let stats = EngineStats { running: 3, step_seconds_total: 2.0, compute_seconds_total: 1.5, ..Default::default() };
+        let stats = EngineStats { running: 3, step_seconds_total: 2.0, compute_seconds_total: 1.5, kv_resident_bytes: 1 << 20, ..Default::default() };
         let text = m.render(Some(&stats));
         assert!(text.contains("blink_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2"), "{text}");
         assert!(text.contains("blink_time_to_first_token_seconds_bucket{le=\"0.25\"} 1"), "{text}");
@@ -176,6 +181,7 @@ mod tests {
         assert_eq!(sample(&text, "blink_generated_tokens_total"), Some(5.0));
         assert_eq!(sample(&text, "blink_running_sequences"), Some(3.0));
         assert_eq!(sample(&text, "blink_f_ctrl"), Some(0.25));
+        assert_eq!(sample(&text, "blink_kv_resident_bytes"), Some(1048576.0));
         assert_eq!(sample(&text, "blink_time_to_first_token_seconds_count"), Some(1.0));
         assert_eq!(sample(&m.render(None), "blink_model_loaded"), Some(0.0));
     }

@@ -63,6 +63,9 @@ pub struct ModelOptions {
     pub step_tokens: usize,
     pub kv_type: KvType,
     pub prefix_cache: bool,
+    /// Most tokens the prefix cache keeps in blocks no request owns (default: a quarter of
+    /// the KV budget).
+    pub prefix_cache_tokens: Option<usize>,
     /// Flat or tensor parallel over NUMA nodes (`None`: flat over `threads`).
     pub placement: Option<TensorPlacement>,
 }
@@ -80,6 +83,7 @@ impl ModelOptions {
             step_tokens: 256,
             kv_type: KvType::F16,
             prefix_cache: true,
+            prefix_cache_tokens: None,
             placement: None,
         }
     }
@@ -141,6 +145,7 @@ impl Ready {
             max_queue: opts.queue,
             kv_type: opts.kv_type,
             prefix_cache: opts.prefix_cache,
+            prefix_cache_tokens: opts.prefix_cache_tokens,
         };
 
         let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

@@ -80,6 +80,15 @@ pub struct EngineStats {
     pub kv_blocks_total: usize,
     /// Blocks held only by the prefix cache (reusable).
     pub kv_blocks_cached: usize,
+    /// Most blocks the prefix cache keeps without owners.
+    pub kv_blocks_cached_limit: usize,
+    /// Free blocks whose memory is with the OS (never touched, or given back).
+    pub kv_blocks_released: usize,
+    /// At most this many bytes of KV values are resident: every block's but the released.
+    pub kv_resident_bytes: u64,
+    /// Calls that gave free blocks' pages back to the OS, and the bytes they gave back.
+    pub kv_return_calls_total: u64,
+    pub kv_returned_bytes_total: u64,
     pub requests_finished: u64,
     pub prompt_tokens_total: u64,
     pub prompt_tokens_cached: u64,
@@ -100,6 +109,17 @@ pub struct EngineStats {
 }
 
 impl EngineStats {
+    /// Take the cache's figures.
+    pub(super) fn read_cache(&mut self, kv: &blink_model::kv_cache::KvBlocks) {
+        self.kv_blocks_total = kv.n_blocks();
+        self.kv_blocks_cached = kv.cached_blocks();
+        self.kv_blocks_used = kv.n_blocks() - kv.free_blocks();
+        self.kv_blocks_cached_limit = kv.cached_blocks_limit().min(kv.n_blocks());
+        self.kv_blocks_released = kv.released_blocks();
+        self.kv_resident_bytes = kv.resident_bytes() as u64;
+        (self.kv_return_calls_total, self.kv_returned_bytes_total) = kv.returned();
+    }
+
     /// Share of step time not spent computing: `1 − compute/step`.
     pub fn f_ctrl(&self) -> f64 {
         if self.step_seconds_total > 0.0 {

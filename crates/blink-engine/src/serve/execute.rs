@@ -22,7 +22,7 @@ impl Executor {
     /// Buffers for steps of `step_tokens + max_running` rows (every running sequence's
     /// decode row, and a full prompt budget), on a detached pool.
     pub(super) fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<Executor, EngineError> {
-        let runner = Runner::new(
+        let mut runner = Runner::new(
             model,
             &RunnerConfig {
                 threads: cfg.n_threads,
@@ -34,6 +34,7 @@ impl Executor {
                 detached: true,
             },
         )?;
+        runner.kv_mut().limit_cached_tokens(cfg.cached_tokens_limit());
         Ok(Executor { runner })
     }
 

@@ -54,6 +54,21 @@ pub struct EngineConfig {
     pub kv_type: KvType,
     /// Reuse the KV blocks of shared prompt prefixes.
     pub prefix_cache: bool,
+    /// Most tokens the prefix cache keeps in blocks no running sequence owns (`None`: a
+    /// quarter of `kv_tokens`); past it the least recently released blocks are freed, and
+    /// the memory of free blocks goes back to the OS.
+    pub prefix_cache_tokens: Option<usize>,
+}
+
+impl EngineConfig {
+    /// Tokens of blocks without owners the prefix cache keeps.
+    pub fn cached_tokens_limit(&self) -> usize {
+        match (self.prefix_cache, self.prefix_cache_tokens) {
+            (false, _) => 0,
+            (true, Some(tokens)) => tokens,
+            (true, None) => self.kv_tokens / 4,
+        }
+    }
 }
 
 /// What the front end sends to the engine thread.

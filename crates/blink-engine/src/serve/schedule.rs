@@ -63,9 +63,10 @@ impl Scheduler {
         shared_stats: Arc<Mutex<EngineStats>>,
         occupancy: Arc<Occupancy>,
         policy: Box<dyn AdmissionPolicy>,
-        kv_blocks_total: usize,
+        kv: &KvBlocks,
     ) -> Scheduler {
-        let stats = EngineStats { kv_blocks_total, ..Default::default() };
+        let mut stats = EngineStats::default();
+        stats.read_cache(kv);
         // Published at once, so the cache's size is known before the first request.
         if let Ok(mut shared) = shared_stats.lock() {
             shared.clone_from(&stats);
@@ -126,6 +127,8 @@ impl Scheduler {
         self.take_commands();
         self.drop_cancelled();
         self.admit(kv, decoding, plan);
+        // What the admissions did not take back of the blocks freed above goes to the OS.
+        kv.return_free_memory_if_due();
         self.refresh_index();
         self.plan_prompts(decoding, plan);
         self.publish_stats(kv);
@@ -353,8 +356,7 @@ impl Scheduler {
         let s = &mut self.stats;
         s.queue_depth = self.waiting.len();
         s.running = self.running.len();
-        s.kv_blocks_cached = kv.cached_blocks();
-        s.kv_blocks_used = kv.n_blocks() - kv.free_blocks();
+        s.read_cache(kv);
         if let Ok(mut shared) = self.shared_stats.lock() {
             shared.clone_from(s);
         }

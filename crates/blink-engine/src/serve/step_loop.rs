@@ -47,7 +47,7 @@ impl StepLoop {
         let exec = Executor::new(model, &cfg)?;
         let max_rows = cfg.step_tokens.saturating_add(cfg.max_running);
         let (plan, next) = (StepPlan::with_capacity(max_rows, cfg.max_running), StepPlan::with_capacity(max_rows, cfg.max_running));
-        let sched = Scheduler::new(cfg, commands, stats, occupancy, Box::new(FirstComeFirstServed), exec.runner.kv().n_blocks());
+        let sched = Scheduler::new(cfg, commands, stats, occupancy, Box::new(FirstComeFirstServed), exec.runner.kv());
         Ok(StepLoop { eog, exec, sched, plan, next })
     }
 

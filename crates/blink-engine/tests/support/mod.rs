@@ -27,6 +27,7 @@ pub fn config() -> EngineConfig {
         max_queue: 64,
         kv_type: KvType::F16,
         prefix_cache: true,
+        prefix_cache_tokens: None,
     }
 }
 

@@ -1,10 +1,17 @@
 //! The cache's bookkeeping: which blocks each sequence owns, the free pool and the prefix
 //! cache. No values live here, so it can admit and release sequences while a step's pass
 //! writes the values ([`super::KvCache::parts_mut`]); the pass reads a [`TableSnapshot`]
-//! taken when the step was prepared.
+//! taken when the step was prepared. For the same reason it can give the memory of free
+//! blocks back to the OS beside a pass ([`KvBlocks::return_free_memory`]): a pass touches
+//! only blocks its sequences own.
 
-use super::pool::{chain_hash, BlockPool};
+use super::pool::{chain_hash, BlockPool, PrefixKey};
+use super::release::Releaser;
 use super::{KvError, BLOCK_TOKENS};
+
+/// Blocks freed since the last release that make the next one due
+/// ([`KvBlocks::return_free_memory_if_due`]).
+pub const RETURN_BATCH: usize = 16;
 
 /// Identifies a sequence's slot in the cache.
 pub type SeqId = usize;
@@ -18,6 +25,8 @@ pub(super) fn blocks_for(tokens: usize) -> usize {
 struct SeqBlocks {
     table: Vec<u32>,
     len: usize,
+    /// Whose prefixes it attaches and publishes.
+    key: PrefixKey,
 }
 
 /// Leading slots of a cached block to copy into a block a sequence owns, before the
@@ -37,6 +46,8 @@ pub struct KvBlocks {
     seqs: Vec<Option<SeqBlocks>>,
     /// Copies owed before the next pass; each pins its source block until done.
     copies: Vec<SlotCopy>,
+    /// Gives free blocks' pages back (`None`: bookkeeping without values).
+    releaser: Option<Releaser>,
 }
 
 /// Copies of some sequences' block tables, as they were when a step was prepared.
@@ -91,8 +102,8 @@ impl TableSnapshot {
 }
 
 impl KvBlocks {
-    pub(super) fn new(n_blocks: usize) -> KvBlocks {
-        KvBlocks { n_blocks, pool: BlockPool::new(n_blocks), seqs: Vec::new(), copies: Vec::new() }
+    pub(super) fn new(n_blocks: usize, releaser: Option<Releaser>) -> KvBlocks {
+        KvBlocks { n_blocks, pool: BlockPool::new(n_blocks), seqs: Vec::new(), copies: Vec::new(), releaser }
     }
 
     /// Total blocks in the pool.
@@ -115,15 +126,83 @@ impl KvBlocks {
         self.n_blocks * BLOCK_TOKENS
     }
 
-    /// A new, empty sequence.
+    /// Keep at most `tokens` tokens' worth of whole blocks cached without owners (the
+    /// prefix cache's share of the pool beyond what sequences own); past it the least
+    /// recently released are freed, now and whenever more are released. Unlimited at first.
+    pub fn limit_cached_tokens(&mut self, tokens: usize) {
+        self.pool.set_cache_limit(tokens / BLOCK_TOKENS);
+    }
+
+    /// Most blocks kept cached without owners.
+    pub fn cached_blocks_limit(&self) -> usize {
+        self.pool.cache_limit()
+    }
+
+    /// Free blocks whose memory is with the OS: never touched, or given back.
+    pub fn released_blocks(&self) -> usize {
+        self.pool.released()
+    }
+
+    /// Bytes of one block's values over all layers, heads and shards, K and V.
+    pub fn block_bytes(&self) -> usize {
+        self.releaser.as_ref().map_or(0, |r| r.block_bytes)
+    }
+
+    /// At most how many bytes of values are resident: those of every block but the
+    /// released ones (owned blocks never written are counted, though they hold no pages).
+    pub fn resident_bytes(&self) -> usize {
+        (self.n_blocks - self.released_blocks()) * self.block_bytes()
+    }
+
+    /// Calls made to give memory back, and the bytes given back, since the cache was made.
+    pub fn returned(&self) -> (u64, u64) {
+        self.releaser.as_ref().map_or((0, 0), |r| (r.calls, r.bytes))
+    }
+
+    /// Give the OS back the memory of the blocks freed since the last time (whole pages
+    /// only free blocks occupy, in every layer, head, K and V; they read as zero when next
+    /// used). Safe beside a pass. Off Linux, nothing is given back.
+    pub fn return_free_memory(&mut self) {
+        if let Some(r) = &mut self.releaser {
+            if self.pool.dirty.len() > 0 {
+                r.release(&mut self.pool);
+            }
+        }
+    }
+
+    /// [`KvBlocks::return_free_memory`] once [`RETURN_BATCH`] blocks have been freed since
+    /// the last time, or as soon as no block is owned: meanwhile new sequences take the freed
+    /// blocks back, memory and all, and the calls are fewer and longer. For a caller to run
+    /// after each round of releases and admissions.
+    pub fn return_free_memory_if_due(&mut self) {
+        let dirty = self.pool.dirty.len();
+        if dirty >= RETURN_BATCH || (dirty > 0 && self.pool.available() == self.n_blocks) {
+            self.return_free_memory();
+        }
+    }
+
+    /// A new, empty sequence of the base model (its prefixes under [`PrefixKey::BASE`]).
     pub fn new_seq(&mut self) -> SeqId {
+        self.new_seq_with(PrefixKey::BASE)
+    }
+
+    /// A new, empty sequence whose blocks hold keys and values computed under `key` (the
+    /// base model's or an adapter's): it attaches and publishes prefixes under that key
+    /// only, so sequences of different keys never share blocks.
+    pub fn new_seq_with(&mut self, key: PrefixKey) -> SeqId {
+        let seq = SeqBlocks { key, ..SeqBlocks::default() };
         if let Some(id) = self.seqs.iter().position(Option::is_none) {
-            self.seqs[id] = Some(SeqBlocks::default());
+            self.seqs[id] = Some(seq);
             id
         } else {
-            self.seqs.push(Some(SeqBlocks::default()));
+            self.seqs.push(Some(seq));
             self.seqs.len() - 1
         }
+    }
+
+    /// The prefix key of `id`.
+    pub fn seq_key(&self, id: SeqId) -> Result<PrefixKey, KvError> {
+        Ok(self.seq(id)?.key)
     }
 
     /// Release a sequence and its blocks (published ones stay cached for reuse), and drop
@@ -215,26 +294,27 @@ impl KvBlocks {
     }
 
     /// Attach to the empty sequence `id` what the prefix cache holds of a prefix of
-    /// `tokens`, leaving at least the last token to compute. Whole cached blocks are shared;
-    /// where the match ends inside a block, the matching leading slots of a cached block
-    /// are copied into a fresh block of `id` before its next step ([`SlotCopy`]). Returns
-    /// how many tokens were attached.
+    /// `tokens` under the sequence's key, leaving at least the last token to compute. Whole
+    /// cached blocks are shared; where the match ends inside a block, the matching leading
+    /// slots of a cached block are copied into a fresh block of `id` before its next step
+    /// ([`SlotCopy`]). Returns how many tokens were attached.
     pub fn attach_prefix(&mut self, id: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
         if self.seq(id)?.len != 0 {
             return Ok(0);
         }
         let usable = &tokens[..tokens.len().saturating_sub(1)];
         let seq = self.seqs[id].as_mut().expect("checked above");
-        let mut parent = 0;
+        let key = seq.key;
+        let mut parent = key.root();
         for chunk in usable.chunks_exact(BLOCK_TOKENS) {
-            let Some(b) = self.pool.lookup(parent, chunk) else { break };
+            let Some(b) = self.pool.lookup(key, parent, chunk) else { break };
             self.pool.retain(b);
             seq.table.push(b);
             seq.len += BLOCK_TOKENS;
             parent = chain_hash(parent, chunk);
         }
         let rest = &usable[seq.len..];
-        if let Some((src, slots)) = self.pool.lookup_partial(parent, &rest[..rest.len().min(BLOCK_TOKENS)]) {
+        if let Some((src, slots)) = self.pool.lookup_partial(key, parent, &rest[..rest.len().min(BLOCK_TOKENS)]) {
             // Pinned until copied, so that the allocation below cannot evict it.
             self.pool.retain(src);
             match self.pool.alloc() {
@@ -250,16 +330,24 @@ impl KvBlocks {
     }
 
     /// Publish the computed tokens of `id` (`tokens`, the sequence so far, of which the
-    /// cache holds the first `seq_len`), so later sequences can attach them: every full
-    /// block, and the leading slots of the last one.
+    /// cache holds the first `seq_len`), so later sequences of the same key can attach
+    /// them: every full block, and the leading slots of the last one.
     pub fn publish_prefix(&mut self, id: SeqId, tokens: &[u32]) -> Result<(), KvError> {
         let seq = self.seqs.get(id).and_then(Option::as_ref).ok_or(KvError::UnknownSeq(id))?;
         let known = &tokens[..seq.len.min(tokens.len())];
-        let mut parent = 0;
+        let mut parent = seq.key.root();
         for (chunk, &b) in known.chunks(BLOCK_TOKENS).zip(&seq.table) {
-            self.pool.publish(b, parent, chunk);
+            self.pool.publish(b, seq.key, parent, chunk);
             parent = chain_hash(parent, chunk);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl KvBlocks {
+    /// Whether block `b` is free (neither owned nor cached), and whether it counts as released.
+    pub(super) fn block_state(&self, b: u32) -> (bool, bool) {
+        (self.pool.is_free(b), self.pool.is_released(b))
     }
 }

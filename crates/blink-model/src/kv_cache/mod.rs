@@ -7,23 +7,33 @@
 //! sequence that reserves its blocks together mostly has, so attention reads it as one
 //! stream the hardware prefetcher follows. Storage is f16 (as llama.cpp keeps it) or f32,
 //! and is zero-initialised lazily by the OS, so an unused budget costs address space, not
-//! memory.
+//! memory. Memory the cache no longer needs goes back to the OS: at most a set number of
+//! blocks stay cached without owners ([`KvBlocks::limit_cached_tokens`]), and the pages of
+//! free blocks are given back ([`KvBlocks::return_free_memory`]); new sequences take
+//! resident blocks first, so the memory in use stays compact.
 //!
 //! A sequence's computed tokens can be published to a prefix cache ([`pool`]); a later
 //! sequence starting with the same tokens attaches them instead of recomputing them: whole
 //! blocks are shared, and where the match ends inside a block, its leading slots are copied
 //! into a block of the new sequence's own before its next step. Shared blocks are only
-//! ever read: a sequence writes past its attached prefix, into its own blocks.
+//! ever read: a sequence writes past its attached prefix, into its own blocks. Prefixes are
+//! cached under the key of the model that computed them ([`PrefixKey`]: the base model's,
+//! or an adapter's), given once per sequence ([`KvBlocks::new_seq_with`]).
 
+mod bits;
 mod blocks;
 mod pool;
+mod release;
+#[cfg(test)]
+mod cache_tests;
 
 use std::ops::Range;
 
 use blink_runtime::numa::{NumaError, Topology, Zeroable};
-use blink_runtime::storage::Storage;
+use blink_runtime::storage::ReleasableStorage;
 
-pub use blocks::{KvBlocks, SeqId, SlotCopy, TableSnapshot};
+pub use blocks::{KvBlocks, SeqId, SlotCopy, TableSnapshot, RETURN_BATCH};
+pub use pool::PrefixKey;
 
 use half::f16;
 use thiserror::Error;
@@ -121,8 +131,8 @@ pub enum KvError {
 
 /// K and V buffers of one element type, all layers in one allocation each.
 pub struct KvStore<T: KvElem + Zeroable> {
-    pub k: Storage<T>,
-    pub v: Storage<T>,
+    pub k: ReleasableStorage<T>,
+    pub v: ReleasableStorage<T>,
 }
 
 impl<T: KvElem + Zeroable> KvStore<T> {
@@ -189,6 +199,7 @@ impl KvCache {
         n_blocks: usize,
     ) -> Result<KvCache, NumaError> {
         let n_layers = layers.len();
+        let mut regions = Vec::with_capacity(2 * shards.len());
         let shards = shards
             .iter()
             .map(|&(heads, home)| {
@@ -197,14 +208,23 @@ impl KvCache {
                 let too_large = NumaError::TooLarge { len: n_blocks, elem_size: block_bytes };
                 let elems = n_blocks.checked_mul(heads * BLOCK_TOKENS * head_dim).and_then(|e| e.checked_mul(n_layers)).ok_or(too_large)?;
                 let layout = KvLayout::new(layers.clone(), heads, head_dim, n_blocks);
+                fn store<T: KvElem + Zeroable>(elems: usize, home: Option<(&Topology, usize)>) -> Result<KvStore<T>, NumaError> {
+                    Ok(KvStore { k: ReleasableStorage::zeroed(elems, home)?, v: ReleasableStorage::zeroed(elems, home)? })
+                }
                 let data = match ty {
-                    KvType::F16 => KvData::F16(KvStore { k: Storage::zeroed(elems, home)?, v: Storage::zeroed(elems, home)? }),
-                    KvType::F32 => KvData::F32(KvStore { k: Storage::zeroed(elems, home)?, v: Storage::zeroed(elems, home)? }),
+                    KvType::F16 => KvData::F16(store(elems, home)?),
+                    KvType::F32 => KvData::F32(store(elems, home)?),
                 };
+                let (k, v) = match &data {
+                    KvData::F16(s) => (s.k.releaser(), s.v.releaser()),
+                    KvData::F32(s) => (s.k.releaser(), s.v.releaser()),
+                };
+                regions.extend([k, v].map(|pages| release::Region { pages, runs: n_layers * heads }));
                 Ok(KvShard { layout, data })
             })
             .collect::<Result<Vec<_>, NumaError>>()?;
-        Ok(KvCache { blocks: KvBlocks::new(n_blocks), shards })
+        let releaser = release::Releaser::new(regions, n_blocks, BLOCK_TOKENS * head_dim * ty.bytes());
+        Ok(KvCache { blocks: KvBlocks::new(n_blocks, Some(releaser)), shards })
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -235,8 +255,10 @@ impl KvCache {
     }
 
     /// The bookkeeping and the values, apart: a step's pass writes the values while the
-    /// bookkeeping may admit or release other sequences.
-    pub fn parts_mut(&mut self) -> (&mut KvBlocks, &mut [KvShard]) {
+    /// bookkeeping may admit or release other sequences, and give free blocks' pages back.
+    /// Only for the pass, which touches owned blocks only: whoever held the values beside
+    /// the bookkeeping could otherwise read pages as they are given back.
+    pub(crate) fn parts_mut(&mut self) -> (&mut KvBlocks, &mut [KvShard]) {
         (&mut self.blocks, &mut self.shards)
     }
 

@@ -46,10 +46,14 @@ pub struct EngineArgs {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// KV cache tokens over all running sequences (default: --parallel × --ctx-size). Cache
-    /// never used costs no memory, but the prefix cache keeps the blocks it is given, so a
-    /// busy server grows to the whole budget, as llama.cpp's allocates it at start.
+    /// never used costs no memory, and the memory of freed blocks goes back to the OS, so a
+    /// server holds what its running requests use plus what --prefix-cache-tokens keeps.
     #[arg(long = "kv-budget")]
     pub kv_budget: Option<usize>,
+    /// Most tokens the prefix cache keeps in blocks no running request owns (default: a
+    /// quarter of --kv-budget); beyond it the least recently used are freed.
+    #[arg(long = "prefix-cache-tokens")]
+    pub prefix_cache_tokens: Option<usize>,
     /// Most sequences generating at once (also `-np`).
     #[arg(long = "parallel", default_value_t = 16)]
     pub parallel: usize,
@@ -88,6 +92,7 @@ impl EngineArgs {
             step_tokens: self.step_tokens,
             kv_type: self.cache_type,
             prefix_cache: !self.no_prefix_cache,
+            prefix_cache_tokens: self.prefix_cache_tokens,
             ..ModelOptions::new(path)
         })
     }
@@ -128,10 +133,11 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
     };
     let cfg = ready.engine.config().clone();
     eprintln!(
-        "blink: serving {} (context {} tokens per request, KV cache {} tokens, {} parallel, {} threads, kernel {}, {} dot order); chat page at {url}/, API at {url}/v1",
+        "blink: serving {} (context {} tokens per request, KV cache {} tokens (prefix cache {}), {} parallel, {} threads, kernel {}, {} dot order); chat page at {url}/, API at {url}/v1",
         ready.model_id,
         cfg.max_seq_len,
         cfg.kv_tokens,
+        cfg.cached_tokens_limit(),
         cfg.max_running,
         cfg.n_threads,
         blink_kernels::cpu::active(),
