@@ -25,7 +25,8 @@ pub struct StepCost {
     pub decode_rows: usize,
     /// Cached positions attention reads, over all rows.
     pub context_tokens: usize,
-    /// Distinct adapters among the rows.
+    /// Distinct adapters among the rows: always 0 until requests carry an adapter
+    /// (issue 20 fills it in where it plans their rows).
     pub adapters: usize,
 }
 
