@@ -37,9 +37,6 @@ pub enum NumaError {
     /// A sysfs file was missing, unreadable or malformed.
     #[error("{}: {reason}", path.display())]
     Sysfs { path: PathBuf, reason: String },
-    /// A CPU or node list such as `0-3,8` did not parse.
-    #[error("malformed cpu list '{0}'")]
-    CpuList(String),
     /// No node had any CPU this process may run on.
     #[error("no NUMA node has a CPU this process may run on")]
     NoUsableNode,
