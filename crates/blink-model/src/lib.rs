@@ -9,6 +9,7 @@ pub mod config;
 pub mod fetch;
 pub mod forward;
 pub mod kv_cache;
+pub mod lora;
 pub mod parallel;
 pub mod rope;
 pub mod weights;

@@ -1,0 +1,24 @@
+//! Why an adapter could not be read or used with a model.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Why an adapter could not be loaded. Every variant names the file or tensor at fault.
+#[derive(Debug, Error)]
+pub enum LoraError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The file is not an adapter in any format Blink reads, or is malformed.
+    #[error("{}: {reason}", path.display())]
+    Format { path: PathBuf, reason: String },
+    /// A tensor's shape does not fit the base model.
+    #[error("adapter tensor '{tensor}' has shape {found:?}, but the base model needs {expected:?}")]
+    Shape { tensor: String, expected: Vec<usize>, found: Vec<usize> },
+    /// The adapter was made for another model (architecture, layer count, targets).
+    #[error("adapter does not fit this model: {0}")]
+    WrongBase(String),
+    /// A feature of the file Blink does not run (a target, DoRA, bias training, …).
+    #[error("unsupported adapter: {0}")]
+    Unsupported(String),
+}
