@@ -9,11 +9,12 @@
 //! Layout: [`quant`] holds the ggml block formats and their scalar reference kernels
 //! (dequantize, quantize, dot product); [`cpu`] and [`order`] fix the instruction-set path
 //! and the float order of quantized dots; [`gemm`], [`attention`] and [`ops`] are the
-//! kernels the forward pass calls.
+//! kernels the forward pass calls; [`lora`] adds an adapter's delta after a projection.
 
 pub mod attention;
 pub mod cpu;
 pub mod gemm;
+pub mod lora;
 mod libm_expf;
 pub mod math;
 #[cfg(target_arch = "aarch64")]
