@@ -201,7 +201,7 @@ fn to_f32(path: &Path, t: &Found<'_>) -> Result<Vec<f32>, LoraError> {
 /// is row `h·d + s·d/2 + j` of `w` (`d` = rows per head). `None` if the rows do not split
 /// into `n` heads of an even size.
 pub(super) fn permute_rows(w: &[f32], rows: usize, cols: usize, n: usize) -> Option<Vec<f32>> {
-    if n == 0 || rows % n != 0 || (rows / n) % 2 != 0 || Some(w.len()) != rows.checked_mul(cols) {
+    if n == 0 || !rows.is_multiple_of(n) || !(rows / n).is_multiple_of(2) || Some(w.len()) != rows.checked_mul(cols) {
         return None;
     }
     let per_head = rows / n;
