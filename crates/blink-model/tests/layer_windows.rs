@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use blink_gguf::GgufFile;
 use blink_runtime::numa::{NodePool, Topology};
+use blink_model::lora::LoraMix;
 use blink_model::{AdapterSlot, ForwardError, KvCache, KvType, Model, TensorPlacement, RowKind, Scratch, SeqId, Step, StepInput, StepOutput, StepRow};
 
 const CTX: usize = 128;
@@ -76,7 +77,7 @@ fn chain_step(model: &Model, pool: &NodePool, windows: &mut [Window], tokens: &[
             .collect();
         let input = if i == 0 { StepInput::Tokens } else { StepInput::Hidden(&hidden) };
         let output = if i == last { StepOutput::Logits } else { StepOutput::Hidden };
-        let step = Step { rows: &rows, layers: w.layers.clone(), input, output };
+        let step = Step { rows: &rows, layers: w.layers.clone(), input, output, adapters: &[] };
         model.step(pool, &mut w.kv, &step, &mut w.scratch).unwrap();
         if i != last {
             hidden = (0..rows.len()).flat_map(|r| w.scratch.hidden(r).to_vec()).collect();
@@ -128,18 +129,29 @@ fn rows_of_every_kind_and_with_an_adapter_slot_change_nothing_without_adapters()
     let model = Model::from_gguf(file()).unwrap();
     let pool = model.pool(2).unwrap();
     let prompt = golden_prompt();
+    // Slots name mixes with no adapter in them: the rows run the base model.
+    let empty: Vec<Arc<LoraMix>> = (0..5).map(|_| Arc::new(LoraMix::default())).collect();
     let run = |dress: &dyn Fn(usize, StepRow) -> StepRow| {
         let mut kv = model.new_kv_cache(CTX, KvType::F16);
         let mut scratch = Scratch::new(&model, 64, 64, CTX, 2);
         let seq = kv.new_seq();
         let rows: Vec<StepRow> = prompt.iter().enumerate().map(|(p, &t)| dress(p, StepRow::prompt(t, p, seq).with_logits(true))).collect();
-        model.forward(&pool, &mut kv, &rows, &mut scratch).unwrap();
+        model.step(&pool, &mut kv, &Step::whole(&rows, model.cfg.n_layers).with_adapters(&empty), &mut scratch).unwrap();
         (0..rows.len()).map(|i| bits(scratch.logits(i))).collect::<Vec<_>>()
     };
     let plain = run(&|_, r| r);
     let kinds = [RowKind::Prompt, RowKind::Decode, RowKind::Training];
     let dressed = run(&|p, r| r.with_kind(kinds[p % 3]).with_adapter((p % 2 == 0).then_some(AdapterSlot(p as u16 % 5))));
     assert!(plain == dressed, "a row's kind or adapter slot changed its logits");
+
+    // A slot past the step's mixes is refused before anything runs.
+    let mut kv = model.new_kv_cache(CTX, KvType::F16);
+    let mut scratch = Scratch::new(&model, 64, 64, CTX, 2);
+    let seq = kv.new_seq();
+    let rows = [StepRow::prompt(prompt[0], 0, seq), StepRow::prompt(prompt[1], 1, seq).with_adapter(Some(AdapterSlot(5)))];
+    let err = model.step(&pool, &mut kv, &Step::whole(&rows, model.cfg.n_layers).with_adapters(&empty), &mut scratch).unwrap_err();
+    assert_eq!(err, ForwardError::BadAdapterSlot { row: 1, slot: 5, adapters: 5 });
+    assert_eq!(kv.seq_len(seq).unwrap(), 0, "a refused step grows nothing");
 }
 
 #[test]
@@ -151,7 +163,7 @@ fn a_step_outside_its_cache_window_or_with_bad_input_is_refused() {
     let mut scratch = Scratch::new(&model, 8, 1, CTX, 1);
     let seq = kv.new_seq();
     let rows = [StepRow::prompt(1, 0, seq)];
-    let step = |layers: Range<usize>, input, output| Step { rows: &rows, layers, input, output };
+    let step = |layers: Range<usize>, input, output| Step { rows: &rows, layers, input, output, adapters: &[] };
     let err = model.step(&pool, &mut kv, &step(0..n, StepInput::Tokens, StepOutput::Logits), &mut scratch).unwrap_err();
     assert_eq!(err, ForwardError::WindowNotCached { step: 0..n, cache: 4..10 });
     let err = model.step(&pool, &mut kv, &step(4..n + 1, StepInput::Tokens, StepOutput::Hidden), &mut scratch).unwrap_err();
@@ -160,7 +172,7 @@ fn a_step_outside_its_cache_window_or_with_bad_input_is_refused() {
     let err = model.step(&pool, &mut kv, &step(4..10, StepInput::Hidden(&short), StepOutput::Hidden), &mut scratch).unwrap_err();
     assert_eq!(err, ForwardError::BadHidden { got: short.len(), rows: 1, n_embd: model.cfg.n_embd });
     let tokenless = [StepRow::hidden(0, seq, RowKind::Prompt)];
-    let err = model.step(&pool, &mut kv, &Step { rows: &tokenless, layers: 4..10, input: StepInput::Tokens, output: StepOutput::Hidden }, &mut scratch).unwrap_err();
+    let err = model.step(&pool, &mut kv, &Step { rows: &tokenless, layers: 4..10, input: StepInput::Tokens, output: StepOutput::Hidden, adapters: &[] }, &mut scratch).unwrap_err();
     assert_eq!(err, ForwardError::MissingToken { row: 0 });
     assert!(model.try_new_kv_cache_for(3..n + 1, CTX, KvType::F16).is_err());
     // Nothing was reserved by the refused steps; a good one still runs.

@@ -4,8 +4,8 @@
 //! every kind of bad file gives the right error naming what is wrong, and random damage to
 //! the real files never panics.
 //!
-//! The golden adapters are found in `$BLINK_LORA_GOLDEN_DIR`, else `testdata/golden/lora`,
-//! else the `shared/golden/lora` beside the repository.
+//! The golden adapters are the repository's `testdata/golden/lora` (or
+//! `$BLINK_LORA_GOLDEN_DIR`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,7 +31,7 @@ fn golden() -> PathBuf {
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
         .into_iter()
-        .chain([root.join("testdata/golden/lora"), root.join("../shared/golden/lora")])
+        .chain([root.join("testdata/golden/lora")])
         .collect();
     candidates.iter().find(|d| d.join(R8).is_dir()).cloned().unwrap_or_else(|| panic!("no LoRA golden data in any of {candidates:?}"))
 }

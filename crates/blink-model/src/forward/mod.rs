@@ -49,6 +49,12 @@ pub enum ForwardError {
     CacheMismatch,
     #[error("the thread pool does not match the model's placement or the scratch's size")]
     PoolMismatch,
+    #[error("row {row} names adapter slot {slot}, but the step has {adapters} adapter mixes")]
+    BadAdapterSlot { row: usize, slot: usize, adapters: usize },
+    #[error("adapter mix {slot} holds an adapter placed for another model or placement")]
+    AdapterMismatch { slot: usize },
+    #[error("no memory for the adapters' activations ({bytes} bytes)")]
+    AdapterMemory { bytes: usize },
     #[error(transparent)]
     Kv(#[from] KvError),
 }
@@ -170,6 +176,10 @@ impl Model {
             scratch.logit_rows.clear();
             return Err(err);
         }
+        if let Err(e) = self.group_adapter_rows(step, scratch) {
+            scratch.logit_rows.clear();
+            return Err(e);
+        }
 
         // Positions must continue each sequence; `next` tracks the expected one.
         let next = &mut scratch.next_pos;
@@ -209,7 +219,48 @@ impl Model {
             }
         } else {
             scratch.logit_rows.clear();
+            scratch.lora_rows.clear();
+            scratch.lora_groups.clear();
         }
         result
+    }
+
+    /// Check the rows' adapter slots and group the rows that run with an adapter by slot
+    /// (rows with an empty mix run the base model, as rows without a slot do).
+    fn group_adapter_rows(&self, step: &Step, scratch: &mut Scratch) -> Result<(), ForwardError> {
+        scratch.lora_rows.clear();
+        scratch.lora_groups.clear();
+        let mixes = step.adapters;
+        let mut max_rank = 0;
+        for (slot, mix) in mixes.iter().enumerate() {
+            if mix.adapters().iter().any(|(a, _)| !a.fits(self)) {
+                return Err(ForwardError::AdapterMismatch { slot });
+            }
+            max_rank = max_rank.max(mix.max_rank());
+        }
+        for (i, r) in step.rows.iter().enumerate() {
+            if let Some(AdapterSlot(slot)) = r.adapter {
+                let slot = usize::from(slot);
+                let mix = mixes.get(slot).ok_or(ForwardError::BadAdapterSlot { row: i, slot, adapters: mixes.len() })?;
+                if !mix.is_empty() {
+                    scratch.lora_rows.push(i);
+                }
+            }
+        }
+        if scratch.lora_rows.is_empty() {
+            return Ok(());
+        }
+        let slot_of = |i: usize| step.rows[i].adapter.map_or(0, |s| s.0);
+        // Stable within a slot: rows keep their step order (no allocation: sorted in place).
+        scratch.lora_rows.sort_unstable_by_key(|&i| (slot_of(i), i));
+        let mut start = 0;
+        for k in 1..=scratch.lora_rows.len() {
+            let slot = slot_of(scratch.lora_rows[start]);
+            if k == scratch.lora_rows.len() || slot_of(scratch.lora_rows[k]) != slot {
+                scratch.lora_groups.push((usize::from(slot), start..k));
+                start = k;
+            }
+        }
+        scratch.reserve_lora(self, max_rank).map_err(|_| ForwardError::AdapterMemory { bytes: max_rank * scratch.n_threads() * 4 })
     }
 }

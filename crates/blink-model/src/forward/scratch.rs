@@ -26,6 +26,9 @@ pub(super) struct PartScratch {
     pub rope: Storage<f32>,
     /// Per-thread rounded query head, `[threads][head_dim]`.
     pub qh: Storage<f32>,
+    /// Per-thread adapter activations of one row and pair, `[threads][lora_stride]`
+    /// (grown when a step's adapters have a larger rank than any before).
+    pub lora_t: Storage<f32>,
 }
 
 /// Buffers a step computes in. Sized at creation; a step that does not fit is refused.
@@ -44,6 +47,12 @@ pub struct Scratch {
     pub(super) next_pos: Vec<usize>,
     /// The step's block tables, copied when it was checked.
     pub(super) tables: TableSnapshot,
+    /// The rows that run with an adapter, grouped by slot (filled per step).
+    pub(super) lora_rows: Vec<usize>,
+    /// `(slot, range of lora_rows)` of each slot used (filled per step).
+    pub(super) lora_groups: Vec<(usize, std::ops::Range<usize>)>,
+    /// The room for one pair's activations of a row (the largest rank so far).
+    pub(super) lora_stride: usize,
 }
 
 impl Scratch {
@@ -90,6 +99,7 @@ impl Scratch {
                     act: Storage::<u8>::zeroed(max_rows * act_stride, home)?,
                     rope: f(max_rows * cfg.rope.n_dims)?,
                     qh: f(n_threads * cfg.head_dim)?,
+                    lora_t: f(0)?,
                 })
             })
             .collect::<Result<Vec<_>, NumaError>>()
@@ -110,7 +120,24 @@ impl Scratch {
             next_pos: Vec::new(),
             // Room for every row to be its own sequence at the longest context.
             tables: TableSnapshot::with_capacity(max_rows * max_ctx.div_ceil(crate::kv_cache::BLOCK_TOKENS)),
+            lora_rows: Vec::with_capacity(max_rows),
+            lora_groups: Vec::with_capacity(max_rows),
+            lora_stride: 0,
         })
+    }
+
+    /// Make room for adapters of rank up to `rank` (a no-op once there is).
+    pub(super) fn reserve_lora(&mut self, model: &Model, rank: usize) -> Result<(), ModelError> {
+        if rank <= self.lora_stride {
+            return Ok(());
+        }
+        let placement = model.placement();
+        for (node, part) in self.parts.iter_mut().enumerate() {
+            let home = placement.numa.then_some((&placement.topology, node));
+            part.lora_t = Storage::<f32>::zeroed(self.n_threads * rank, home).map_err(ModelError::Memory)?;
+        }
+        self.lora_stride = rank;
+        Ok(())
     }
 
     pub fn max_rows(&self) -> usize {

@@ -7,8 +7,10 @@
 //! forward pass of its own; each is a different step.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::kv_cache::SeqId;
+use crate::lora::LoraMix;
 
 /// What a row is for. The pass computes every kind alike; the kind tells the scheduler,
 /// the latency model and (later) the trainer which rows are whose.
@@ -23,8 +25,8 @@ pub enum RowKind {
     Training,
 }
 
-/// An adapter's slot in the step's set of adapters. A row without one runs the base
-/// model. With no adapters loaded, a slot selects nothing and the row runs the base model.
+/// An adapter's slot: an index into the step's [`Step::adapters`]. A row without one, or
+/// with an empty mix, runs the base model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AdapterSlot(pub u16);
 
@@ -103,11 +105,19 @@ pub struct Step<'a> {
     pub layers: Range<usize>,
     pub input: StepInput<'a>,
     pub output: StepOutput,
+    /// The adapter mixes the rows' slots index. Rows of one slot are grouped for the
+    /// adapters' products; a row's result does not depend on the others.
+    pub adapters: &'a [Arc<LoraMix>],
 }
 
 impl<'a> Step<'a> {
     /// Tokens in, logits out, over all `n_layers` layers: the whole model.
     pub fn whole(rows: &'a [StepRow], n_layers: usize) -> Step<'a> {
-        Step { rows, layers: 0..n_layers, input: StepInput::Tokens, output: StepOutput::Logits }
+        Step { rows, layers: 0..n_layers, input: StepInput::Tokens, output: StepOutput::Logits, adapters: &[] }
+    }
+
+    /// The same step with the rows' slots indexing `adapters`.
+    pub fn with_adapters(self, adapters: &'a [Arc<LoraMix>]) -> Step<'a> {
+        Step { adapters, ..self }
     }
 }

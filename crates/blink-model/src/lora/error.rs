@@ -21,4 +21,7 @@ pub enum LoraError {
     /// A feature of the file Blink does not run (a target, DoRA, bias training, …).
     #[error("unsupported adapter: {0}")]
     Unsupported(String),
+    /// Memory for the placed adapter could not be had.
+    #[error("no memory for the adapter: {0}")]
+    Memory(blink_runtime::numa::NumaError),
 }

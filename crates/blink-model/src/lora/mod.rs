@@ -8,10 +8,14 @@
 
 mod error;
 mod format;
+mod mix;
+mod placed;
 mod target;
 mod tensors;
 
 pub use error::LoraError;
 pub use format::read;
+pub use mix::LoraMix;
+pub use placed::{LoraAdapter, PlacedPair};
 pub use target::LoraTarget;
 pub use tensors::{LoraFormat, LoraPair, LoraTensors};

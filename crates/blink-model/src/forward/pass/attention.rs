@@ -11,6 +11,7 @@ use blink_kernels::ops;
 use super::buffers::{PartView, Write};
 use super::{Pass, StoreOf};
 use crate::kv_cache::BLOCK_TOKENS;
+use crate::lora::LoraTarget;
 use crate::weights::LayerWeights;
 
 /// How many blocks ahead attention asks for keys and values.
@@ -24,14 +25,18 @@ impl<T: StoreOf> Pass<'_, T> {
         let hd = cfg.head_dim;
         self.norm_rows(w, me, &lw.attn_norm, n, |r| r);
         let (qc, kc) = (me.part.q_heads.start * hd, me.part.kv_heads.start * hd);
-        self.project(w, me, &me.xn, cfg.n_embd, n, &[(&lw.wq, &me.q, qc, Write::Set), (&lw.wk, &me.k, kc, Write::Set), (&lw.wv, &me.v, kc, Write::Set)]);
+        let q = (&lw.wq, &me.q, qc, Write::Set, Some((layer, LoraTarget::Q)));
+        let k = (&lw.wk, &me.k, kc, Write::Set, Some((layer, LoraTarget::K)));
+        let v = (&lw.wv, &me.v, kc, Write::Set, Some((layer, LoraTarget::V)));
+        self.project(w, me, &me.xn, cfg.n_embd, n, &[q, k, v]);
         self.qkv_post(w, me, layer, lw);
     }
 
     /// The output projection: the part's rows of the residual stream.
-    pub(super) fn attention_out(&self, w: &NodeWorker, me: &PartView<T>, lw: &LayerWeights) {
+    pub(super) fn attention_out(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let cfg = &self.model.cfg;
-        self.project(w, me, &me.attn, cfg.q_dim(), self.rows.len(), &[(&lw.wo, &me.x, me.part.embd_rows.start, Write::Add)]);
+        let out = (&lw.wo, &me.x, me.part.embd_rows.start, Write::Add, Some((layer, LoraTarget::O)));
+        self.project(w, me, &me.attn, cfg.q_dim(), self.rows.len(), &[out]);
     }
 
     /// Biases, Q/K norms and rotary embedding of the part's heads; then its K and V go into

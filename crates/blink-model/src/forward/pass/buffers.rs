@@ -86,6 +86,7 @@ pub(super) struct PartView<'a, T: KvElem> {
     pub(super) act: SharedMut<'a, u8>,
     pub(super) rope: Buf<'a>,
     pub(super) qh: Buf<'a>,
+    pub(super) lora_t: Buf<'a>,
     pub(super) kc: SharedMut<'a, T>,
     pub(super) vc: SharedMut<'a, T>,
     pub(super) layout: KvLayout,

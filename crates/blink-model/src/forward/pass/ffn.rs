@@ -7,15 +7,18 @@ use blink_kernels::ops;
 
 use super::buffers::{PartView, Write};
 use super::{Pass, StoreOf};
+use crate::lora::LoraTarget;
 use crate::weights::LayerWeights;
 
 impl<T: StoreOf> Pass<'_, T> {
     /// Norm, gate and up, SwiGLU (no barrier at the end: each thread's rows are done).
-    pub(super) fn ffn_in(&self, w: &NodeWorker, me: &PartView<T>, lw: &LayerWeights) {
+    pub(super) fn ffn_in(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let (cfg, n) = (&self.model.cfg, self.rows.len());
         self.norm_rows(w, me, &lw.ffn_norm, n, |r| r);
         let fc = me.part.ff_rows.start;
-        self.project(w, me, &me.xn, cfg.n_embd, n, &[(&lw.w_gate, &me.gate, fc, Write::Set), (&lw.w_up, &me.up, fc, Write::Set)]);
+        let gate = (&lw.w_gate, &me.gate, fc, Write::Set, Some((layer, LoraTarget::Gate)));
+        let up = (&lw.w_up, &me.up, fc, Write::Set, Some((layer, LoraTarget::Up)));
+        self.project(w, me, &me.xn, cfg.n_embd, n, &[gate, up]);
         for r in w.share(n, 1) {
             // SAFETY: rows are split between the node's threads; gate/up were completed
             // before the barrier that ended the projection.
@@ -26,8 +29,9 @@ impl<T: StoreOf> Pass<'_, T> {
     /// The down projection: the part's rows of the residual stream. Unsplit, it needs no
     /// barrier before it: the projection first quantizes this thread's share of the rows
     /// (the same share as SwiGLU's), which it has just computed in full.
-    pub(super) fn ffn_out(&self, w: &NodeWorker, me: &PartView<T>, lw: &LayerWeights) {
+    pub(super) fn ffn_out(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let cfg = &self.model.cfg;
-        self.project(w, me, &me.gate, cfg.n_ff, self.rows.len(), &[(&lw.w_down, &me.x, me.part.embd_rows.start, Write::Add)]);
+        let down = (&lw.w_down, &me.x, me.part.embd_rows.start, Write::Add, Some((layer, LoraTarget::Down)));
+        self.project(w, me, &me.gate, cfg.n_ff, self.rows.len(), &[down]);
     }
 }

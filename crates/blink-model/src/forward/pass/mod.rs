@@ -16,9 +16,11 @@
 mod attention;
 mod buffers;
 mod ffn;
+mod lora;
 mod project;
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use blink_kernels::cpu::{self, Isa};
 use blink_runtime::numa::{NodePool, NodeWorker};
@@ -29,6 +31,7 @@ use blink_runtime::pool::SharedMut;
 use super::scratch::PartScratch;
 use super::{Scratch, Step, StepInput, StepOutput, StepRow};
 use crate::kv_cache::{KvData, KvElem, KvShard, KvStore, TableSnapshot};
+use crate::lora::LoraMix;
 use crate::parallel::tensor::{TensorPart, MAX_PARTS};
 use crate::weights::Weights;
 use crate::Model;
@@ -69,6 +72,10 @@ pub(super) struct Pass<'a, T: KvElem> {
     logits: Buf<'a>,
     act_stride: usize,
     tables: &'a TableSnapshot,
+    /// The step's adapter mixes, and its rows that use one, grouped by slot.
+    adapters: &'a [Arc<LoraMix>],
+    lora_rows: &'a [usize],
+    lora_groups: &'a [(usize, Range<usize>)],
     isa: Isa,
     order: DotOrder,
 }
@@ -102,6 +109,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                     act: SharedMut::new(&mut ps.act),
                     rope: Buf::new(&mut ps.rope, cfg.rope.n_dims),
                     qh: Buf::new(&mut ps.qh, cfg.head_dim),
+                    lora_t: Buf::new(&mut ps.lora_t, s.lora_stride),
                     kc: SharedMut::new(&mut store.k),
                     vc: SharedMut::new(&mut store.v),
                     layout,
@@ -120,6 +128,9 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             logits: Buf::new(&mut s.logits, cfg.vocab_size),
             act_stride: s.act_stride,
             tables: &s.tables,
+            adapters: step.adapters,
+            lora_rows: &s.lora_rows,
+            lora_groups: &s.lora_groups,
             isa: cpu::active(),
             order: order::active(),
         }
@@ -159,17 +170,17 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             }
             self.attend(w, me, l);
             w.global_barrier();
-            self.attention_out(w, me, lw);
+            self.attention_out(w, me, l, lw);
             if split {
                 self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
                 w.global_barrier();
             }
-            self.ffn_in(w, me, lw);
+            self.ffn_in(w, me, l, lw);
             if split {
                 self.broadcast(w, me, Shared::Ffn, me.part.ff_rows.clone());
                 w.global_barrier();
             }
-            self.ffn_out(w, me, lw);
+            self.ffn_out(w, me, l, lw);
             if split {
                 self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
                 w.global_barrier();
@@ -178,9 +189,14 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         // With `StepOutput::Hidden` the residual stream, whole in every part, is the output.
         let n_logits = self.logit_rows.len();
         if self.output == StepOutput::Logits && n_logits > 0 {
+            if !split && !self.lora_rows.is_empty() {
+                // The adapters' deltas of the last layer were added by row; the LM head's
+                // rows are split differently.
+                w.group_barrier();
+            }
             self.norm_rows(w, me, &me.w.output_norm, n_logits, |i| self.logit_rows[i]);
             let vr = me.part.vocab_rows.start;
-            self.project(w, me, &me.xn, self.model.cfg.n_embd, n_logits, &[(&me.w.output, &self.logits, vr, Write::Set)]);
+            self.project(w, me, &me.xn, self.model.cfg.n_embd, n_logits, &[(&me.w.output, &self.logits, vr, Write::Set, None)]);
         }
     }
 

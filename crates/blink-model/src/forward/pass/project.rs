@@ -1,7 +1,7 @@
 //! The one door every projection goes through: `Pass::project` quantizes the input rows
 //! to the activation format of each matrix and runs the product over the rows the node's
-//! threads claim. Adapters (LoRA) will add their `scale · B(A·x)` here, per row's slot, and
-//! nowhere else.
+//! threads claim; then the adapters add their `scale · B(A·x)` to the rows that have one
+//! (`lora`), and nowhere else.
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{self, ActRows};
@@ -10,7 +10,12 @@ use blink_runtime::numa::NodeWorker;
 
 use super::buffers::{Buf, PartView, Write};
 use super::{Pass, StoreOf};
+use crate::lora::LoraTarget;
 use crate::weights::Matrix;
+
+/// One product of a projection: the matrix, where its result goes (buffer, first column,
+/// set or add), and the (layer, target) whose adapter pairs apply to it, if any.
+pub(super) type Product<'p, 'a> = (&'p Matrix, &'p Buf<'a>, usize, Write, Option<(usize, LoraTarget)>);
 
 /// Weight bytes per activation row a claimed chunk of a projection covers at least.
 const CHUNK_BYTES: usize = 64 << 10;
@@ -19,10 +24,11 @@ impl<T: StoreOf> Pass<'_, T> {
     /// Multiply `count` rows of `input` (width `cols`) by each of the part's matrices,
     /// writing or adding the results at a column offset of its output. Activations are
     /// quantized once per distinct format; group barriers separate quantization from the
-    /// products and the products from what follows.
-    pub(super) fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[(&Matrix, &Buf, usize, Write)]) {
+    /// products and the products from what follows. The adapters' deltas come after that
+    /// last barrier, each row's on the thread that owns the row in the phases that follow.
+    pub(super) fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[Product]) {
         let mut quantized: Option<GgmlType> = None;
-        for &(m, out, col, mode) in outputs {
+        for &(m, out, col, mode, _) in outputs {
             let mat = m.mat_ref();
             let act_ty = mat.activation_type();
             if quantized != Some(act_ty) {
@@ -46,6 +52,10 @@ impl<T: StoreOf> Pass<'_, T> {
             }
         }
         w.group_barrier();
+        if !self.lora_rows.is_empty() && outputs.iter().any(|o| o.4.is_some()) {
+            debug_assert_eq!(count, self.rows.len(), "adapters apply to the step's own rows");
+            self.adapter_deltas(w, me, input, cols, outputs);
+        }
     }
 
     fn quantize_rows(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, ty: GgmlType) {
