@@ -6,7 +6,10 @@
 //! PPL = exp(mean negative log-likelihood). For a model that adds BOS, each chunk's first
 //! token is replaced by BOS, as llama.cpp does, so every chunk starts as a text would.
 
-use blink_model::{KvType, Model, StepRow};
+use std::sync::Arc;
+
+use blink_model::lora::LoraMix;
+use blink_model::{AdapterSlot, KvType, Model, StepRow};
 
 use crate::runner::{Runner, RunnerConfig};
 use crate::sampling::log_softmax_at;
@@ -34,6 +37,8 @@ pub struct PerplexityConfig {
     pub max_chunks: Option<usize>,
     /// The BOS token, for a model that adds one: it replaces each chunk's first token.
     pub bos: Option<u32>,
+    /// The adapters the text is scored with (`None`: the base model).
+    pub adapter: Option<Arc<LoraMix>>,
 }
 
 /// How many chunks `perplexity` evaluates for a text of `n_tokens` tokens, or why it cannot.
@@ -68,6 +73,8 @@ pub fn perplexity(
     let runner_cfg = RunnerConfig { threads: cfg.n_threads, kv_tokens: ctx, kv_type: cfg.kv_type, max_rows: n_batch, max_logit_rows: n_batch, max_ctx: ctx, detached: false };
     let mut runner = Runner::new(model, &runner_cfg)?;
     let mut rows = Vec::with_capacity(n_batch);
+    let adapters: Vec<Arc<LoraMix>> = cfg.adapter.iter().filter(|m| !m.is_empty()).cloned().collect();
+    let slot = (!adapters.is_empty()).then_some(AdapterSlot(0));
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
 
     for chunk in 0..n_chunks {
@@ -78,9 +85,9 @@ pub fn perplexity(
             rows.clear();
             rows.extend((start..end).map(|pos| {
                 let token = if pos == 0 { cfg.bos.unwrap_or(toks[0]) } else { toks[pos] };
-                StepRow::prompt(token, pos, seq).with_logits(pos >= first && pos + 1 < ctx)
+                StepRow::prompt(token, pos, seq).with_logits(pos >= first && pos + 1 < ctx).with_adapter(slot)
             }));
-            runner.run(&rows)?;
+            runner.run_with(&rows, &adapters)?;
             for (i, pos) in (start..end).filter(|&p| p >= first && p + 1 < ctx).enumerate() {
                 let v = -log_softmax_at(runner.scratch().logits(i), toks[pos + 1] as usize);
                 nll += v;

@@ -3,11 +3,13 @@
 //! all run their steps through it.
 
 use std::ops::Deref;
+use std::sync::Arc;
 use std::time::Duration;
 
 use blink_runtime::numa::NodePool;
 use blink_model::kv_cache::KvBlocks;
-use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, StepRow};
+use blink_model::lora::LoraMix;
+use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, Step, StepRow};
 
 use crate::EngineError;
 
@@ -87,12 +89,18 @@ impl<M: Deref<Target = Model>> Runner<M> {
 
     /// Run `rows` through the whole model; logits are then in [`Runner::scratch`].
     pub fn run(&mut self, rows: &[StepRow]) -> Result<(), EngineError> {
-        Ok(self.model.forward(&self.pool, &mut self.kv, rows, &mut self.scratch)?)
+        self.run_with(rows, &[])
     }
 
-    /// As `run`, with `beside` on the calling thread meanwhile, given the cache's
+    /// As `run`, the rows' adapter slots indexing `adapters`.
+    pub fn run_with(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<(), EngineError> {
+        self.run_beside(rows, adapters, |_| ()).map(|_| ())
+    }
+
+    /// As `run_with`, with `beside` on the calling thread meanwhile, given the cache's
     /// bookkeeping (see [`Model::step_beside`]). Returns its result and the pass's time.
-    pub fn run_beside<R>(&mut self, rows: &[StepRow], beside: impl FnOnce(&mut KvBlocks) -> R) -> Result<(R, Duration), EngineError> {
-        Ok(self.model.forward_beside(&self.pool, &mut self.kv, rows, &mut self.scratch, beside)?)
+    pub fn run_beside<R>(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>], beside: impl FnOnce(&mut KvBlocks) -> R) -> Result<(R, Duration), EngineError> {
+        let step = Step::whole(rows, self.model.cfg.n_layers).with_adapters(adapters);
+        Ok(self.model.step_beside(&self.pool, &mut self.kv, &step, &mut self.scratch, beside)?)
     }
 }

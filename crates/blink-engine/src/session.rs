@@ -4,9 +4,11 @@
 //! holds (the next chat turn) only evaluates the new tokens.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blink_model::{KvType, Model, RowKind, SeqId, StepRow};
+use blink_model::lora::LoraMix;
+use blink_model::{AdapterSlot, KvType, Model, RowKind, SeqId, StepRow};
 use blink_text::{TextStream, Tokenizer};
 
 use crate::runner::{Runner, RunnerConfig};
@@ -82,6 +84,8 @@ pub struct Session<'m> {
     rows: Vec<StepRow>,
     n_ctx: usize,
     n_batch: usize,
+    /// The adapters every row runs with: empty, or the one mix of slot 0.
+    adapters: Vec<Arc<LoraMix>>,
 }
 
 impl<'m> Session<'m> {
@@ -112,7 +116,25 @@ impl<'m> Session<'m> {
             rows: Vec::with_capacity(n_batch),
             n_ctx,
             n_batch,
+            adapters: Vec::new(),
         })
+    }
+
+    /// Run from now on with the adapters in `mix` (`None`: the base model). The cache was
+    /// computed under the old ones, so it is emptied when they change.
+    pub fn set_adapter(&mut self, mix: Option<Arc<LoraMix>>) -> Result<(), EngineError> {
+        let mix = mix.filter(|m| !m.is_empty());
+        let same = match (self.adapters.first(), &mix) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.same(b),
+            _ => false,
+        };
+        if !same {
+            self.runner.kv_mut().truncate(self.seq, 0)?;
+            self.tokens.clear();
+            self.adapters = mix.into_iter().collect();
+        }
+        Ok(())
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -163,8 +185,10 @@ impl<'m> Session<'m> {
         let start = self.tokens.len();
         let (seq, n) = (self.seq, tokens.len());
         self.rows.clear();
-        self.rows.extend(tokens.iter().enumerate().map(|(i, &token)| StepRow::prompt(token, start + i, seq).with_logits(logits_for_last && i + 1 == n).with_kind(kind)));
-        self.runner.run(&self.rows)?;
+        let slot = (!self.adapters.is_empty()).then_some(AdapterSlot(0));
+        let row = |i: usize, token: u32| StepRow::prompt(token, start + i, seq).with_logits(logits_for_last && i + 1 == n).with_kind(kind).with_adapter(slot);
+        self.rows.extend(tokens.iter().enumerate().map(|(i, &token)| row(i, token)));
+        self.runner.run_with(&self.rows, &self.adapters)?;
         self.tokens.extend_from_slice(tokens);
         Ok(())
     }

@@ -86,6 +86,7 @@ impl Generation {
             sampling: SamplingParams { repeat_last_n: common.sampling.repeat_last_n.min(limit), ..common.sampling.clone() },
             logprobs: common.logprobs,
             ignore_eos: common.ignore_eos,
+            adapter: None,
         };
         let sub = ready.engine.submit(req)?;
         Ok(Generation {

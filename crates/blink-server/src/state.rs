@@ -66,6 +66,8 @@ pub struct ModelOptions {
     /// Most tokens the prefix cache keeps in blocks no request owns (default: a quarter of
     /// the KV budget).
     pub prefix_cache_tokens: Option<usize>,
+    /// Most distinct adapters (or adapter mixes) in one engine step.
+    pub max_loras: usize,
     /// Flat or tensor parallel over NUMA nodes (`None`: flat over `threads`).
     pub placement: Option<TensorPlacement>,
 }
@@ -84,6 +86,7 @@ impl ModelOptions {
             kv_type: KvType::F16,
             prefix_cache: true,
             prefix_cache_tokens: None,
+            max_loras: 8,
             placement: None,
         }
     }
@@ -146,6 +149,7 @@ impl Ready {
             kv_type: opts.kv_type,
             prefix_cache: opts.prefix_cache,
             prefix_cache_tokens: opts.prefix_cache_tokens,
+            max_loras: opts.max_loras,
         };
 
         let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

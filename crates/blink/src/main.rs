@@ -24,6 +24,7 @@ macro_rules! eprintln {
 
 mod cmd;
 mod common;
+mod lora_args;
 
 use clap::{Parser, Subcommand};
 

@@ -5,6 +5,9 @@
 //! request; the engine frees its sequence at the next step. Events carry token ids only:
 //! detokenization and stop strings are the front end's job, off the compute path.
 
+use std::sync::Arc;
+
+use blink_model::lora::LoraMix;
 use serde::Serialize;
 
 use crate::sampling::SamplingParams;
@@ -22,6 +25,9 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Keep generating through end-of-generation tokens.
     pub ignore_eos: bool,
+    /// The adapters the request runs with (`None`: the base model). The request holds
+    /// them: unloading or replacing an adapter does not change a request in flight.
+    pub adapter: Option<Arc<LoraMix>>,
 }
 
 /// Log-probability information for one generated token.

@@ -41,6 +41,6 @@ impl Executor {
     /// Run `plan`'s step, and `beside` meanwhile with the cache's bookkeeping; returns its
     /// result and the pass's time.
     pub(super) fn execute<R>(&mut self, plan: &StepPlan, beside: impl FnOnce(&mut KvBlocks) -> R) -> Result<(R, Duration), EngineError> {
-        self.runner.run_beside(&plan.rows, beside)
+        self.runner.run_beside(&plan.rows, &plan.adapters, beside)
     }
 }

@@ -48,6 +48,8 @@ pub struct EngineConfig {
     pub step_tokens: usize,
     /// Most sequences running at once.
     pub max_running: usize,
+    /// Most adapter mixes in one step; rows of others wait for a later step.
+    pub max_loras: usize,
     /// Most requests waiting for admission beyond the free sequence slots; more are
     /// refused with `QueueFull`.
     pub max_queue: usize,

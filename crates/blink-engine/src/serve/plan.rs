@@ -3,7 +3,10 @@
 //! step's time. Its lists keep their capacity from step to step, so planning allocates
 //! nothing once the engine runs.
 
-use blink_model::{SeqId, StepRow};
+use std::sync::Arc;
+
+use blink_model::lora::LoraMix;
+use blink_model::{AdapterSlot, SeqId, StepRow};
 
 /// A chunk of one sequence's prompt in a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,8 +28,7 @@ pub struct StepCost {
     pub decode_rows: usize,
     /// Cached positions attention reads, over all rows.
     pub context_tokens: usize,
-    /// Distinct adapters among the rows: always 0 until requests carry an adapter
-    /// (issue 20 fills it in where it plans their rows).
+    /// Distinct adapter mixes among the rows (each costs a pass over its weights).
     pub adapters: usize,
 }
 
@@ -45,13 +47,15 @@ pub struct StepPlan {
     pub rows: Vec<StepRow>,
     /// The chunks' rows, planned before the decode rows are known.
     prompt_rows: Vec<StepRow>,
+    /// The adapter mixes the rows' slots index (at most `--max-loras`).
+    pub adapters: Vec<Arc<LoraMix>>,
     pub cost: StepCost,
 }
 
 impl StepPlan {
     /// A plan whose lists hold a step of up to `max_rows` rows over `max_running`
-    /// sequences without growing.
-    pub fn with_capacity(max_rows: usize, max_running: usize) -> StepPlan {
+    /// sequences and `max_loras` adapter mixes without growing.
+    pub fn with_capacity(max_rows: usize, max_running: usize, max_loras: usize) -> StepPlan {
         StepPlan {
             admitted: Vec::with_capacity(max_running),
             released: Vec::with_capacity(max_running),
@@ -59,6 +63,7 @@ impl StepPlan {
             decodes: Vec::with_capacity(max_running),
             rows: Vec::with_capacity(max_rows),
             prompt_rows: Vec::with_capacity(max_rows),
+            adapters: Vec::with_capacity(max_loras),
             cost: StepCost::default(),
         }
     }
@@ -70,12 +75,30 @@ impl StepPlan {
         self.decodes.clear();
         self.rows.clear();
         self.prompt_rows.clear();
+        self.adapters.clear();
         self.cost = StepCost::default();
     }
 
     /// Rows wanting logits (decode rows and the prompts' last tokens).
     pub fn logit_rows(&self) -> usize {
         self.rows.iter().filter(|r| r.logits).count()
+    }
+
+    /// The slot of `mix` in this step, taking a new one if fewer than `max_loras` are
+    /// taken; `None` when the step has no room for another mix (its rows wait). The base
+    /// model (`None`) always has room.
+    pub(super) fn slot_for(&mut self, mix: Option<&Arc<LoraMix>>, max_loras: usize) -> Option<Option<AdapterSlot>> {
+        let Some(mix) = mix else { return Some(None) };
+        let slot = match self.adapters.iter().position(|m| Arc::ptr_eq(m, mix) || m.same(mix)) {
+            Some(i) => i,
+            None if self.adapters.len() < max_loras.min(usize::from(u16::MAX)) => {
+                self.adapters.push(mix.clone());
+                self.cost.adapters = self.adapters.len();
+                self.adapters.len() - 1
+            }
+            None => return None,
+        };
+        Some(Some(AdapterSlot(slot as u16)))
     }
 
     /// Add a decode row (they go ahead of the chunks' rows).
@@ -87,11 +110,12 @@ impl StepPlan {
     }
 
     /// Add a chunk of `tokens` at `start` of sequence `seq`, whose prompt has `n_prompt`
-    /// tokens (its last one wants logits).
-    pub(super) fn push_chunk(&mut self, seq: SeqId, start: usize, tokens: &[u32], n_prompt: usize) {
+    /// tokens (its last one wants logits), run with the adapters in `adapter`.
+    pub(super) fn push_chunk(&mut self, seq: SeqId, start: usize, tokens: &[u32], n_prompt: usize, adapter: Option<AdapterSlot>) {
         let len = tokens.len();
         self.chunks.push(Chunk { seq, start, len });
-        self.prompt_rows.extend(tokens.iter().enumerate().map(|(i, &t)| StepRow::prompt(t, start + i, seq).with_logits(start + i + 1 == n_prompt)));
+        let row = |i: usize, t: u32| StepRow::prompt(t, start + i, seq).with_logits(start + i + 1 == n_prompt).with_adapter(adapter);
+        self.prompt_rows.extend(tokens.iter().enumerate().map(|(i, &t)| row(i, t)));
         let c = &mut self.cost;
         c.prompt_tokens += len;
         c.chunk_tokens_squared += len * len;

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
-use blink_model::kv_cache::{KvBlocks, BLOCK_TOKENS};
+use blink_model::kv_cache::{KvBlocks, PrefixKey, BLOCK_TOKENS};
 use blink_model::SeqId;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -27,7 +27,6 @@ use super::plan::StepPlan;
 use super::policy::{AdmissionPolicy, Candidate, Load, Verdict};
 use super::sequence::Seq;
 use super::{Command, EngineConfig, Occupancy};
-use crate::sampling::Sampler;
 use crate::session::FinishReason;
 
 /// A request waiting for admission.
@@ -54,6 +53,8 @@ pub(super) struct Scheduler {
     shared_stats: Arc<Mutex<EngineStats>>,
     occupancy: Arc<Occupancy>,
     pub(super) stats: EngineStats,
+    /// Where `add_decodes` starts its scan of the running sequences.
+    rotation: usize,
 }
 
 impl Scheduler {
@@ -84,6 +85,7 @@ impl Scheduler {
             shared_stats,
             occupancy,
             stats,
+            rotation: 0,
         }
     }
 
@@ -157,15 +159,23 @@ impl Scheduler {
 
     /// Sequences with a sampled token to feed back: the coming step's decode rows.
     pub(super) fn decoding(&self) -> usize {
-        self.running.iter().filter(|s| matches!(s.state(), super::sequence::State::Sampled(_))).count()
+        self.running.iter().filter(|s| s.has_decode_row()).count()
     }
 
     /// Complete the plan with a decode row per sequence that has a sampled token, ahead of
-    /// the prompt chunks.
+    /// the prompt chunks. A sequence whose adapters find no slot left (`max_loras`) keeps
+    /// its token for a later step; the scan starts one sequence further on each step, so
+    /// every adapter's turn comes.
     pub(super) fn add_decodes(&mut self, plan: &mut StepPlan) {
-        for seq in &mut self.running {
-            if let Some(row) = seq.take_decode_row() {
-                plan.push_decode(row);
+        let n = self.running.len();
+        self.rotation = if n == 0 { 0 } else { (self.rotation + 1) % n };
+        for k in 0..n {
+            let seq = &mut self.running[(self.rotation + k) % n];
+            if !seq.has_decode_row() {
+                continue;
+            }
+            if let Some(slot) = plan.slot_for(seq.adapter.as_ref(), self.cfg.max_loras) {
+                plan.push_decode(seq.take_decode_row(slot).expect("a sampled token"));
             }
         }
         plan.seal();
@@ -252,7 +262,7 @@ impl Scheduler {
             let candidate = Candidate {
                 prompt_tokens: request.prompt.len(),
                 max_tokens: request.max_tokens,
-                shares_a_prefill: self.cfg.prefix_cache && self.shares_a_prefill(&request.prompt),
+                shares_a_prefill: self.cfg.prefix_cache && self.shares_a_prefill(request),
             };
             let verdict = match self.policy.consider(&candidate, &self.load(decoding)) {
                 Verdict::Admit => match self.reserve(kv, request) {
@@ -277,13 +287,7 @@ impl Scheduler {
         self.occupancy.running.fetch_add(1, Ordering::AcqRel);
         self.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
         let _ = p.events.send(Event::Admitted { cached_tokens: cached });
-        let mut sampler = Sampler::new(p.request.sampling.clone());
-        for &t in &p.request.prompt {
-            sampler.accept(t);
-        }
-        let mut tokens = p.request.prompt;
-        tokens.reserve_exact(p.request.max_tokens);
-        self.running.push(Seq::admitted(p.events, id, tokens, p.request.max_tokens, p.request.logprobs, p.request.ignore_eos, cached, sampler));
+        self.running.push(Seq::admitted(p.events, id, p.request, cached));
         plan.admitted.push(id);
     }
 
@@ -297,15 +301,16 @@ impl Scheduler {
     /// request needing the whole cache cannot spare.
     fn reserve(&self, kv: &mut KvBlocks, request: &Request) -> Option<(SeqId, usize)> {
         let total = request.prompt.len() + request.max_tokens;
+        let key = prefix_key(request.adapter.as_deref());
         if self.cfg.prefix_cache {
-            let id = kv.new_seq();
+            let id = kv.new_seq_with(key);
             let cached = kv.attach_prefix(id, &request.prompt).unwrap_or(0);
             if kv.reserve(id, total).is_ok() {
                 return Some((id, cached));
             }
             kv.free_seq(id);
         }
-        let id = kv.new_seq();
+        let id = kv.new_seq_with(key);
         if kv.reserve(id, total).is_ok() {
             return Some((id, 0));
         }
@@ -315,10 +320,13 @@ impl Scheduler {
 
     /// Whether a running prompt not yet computed (so not yet in the prefix cache) shares
     /// with `prompt` at least [`BLOCK_TOKENS`] more tokens than that prompt found cached.
-    fn shares_a_prefill(&self, prompt: &[u32]) -> bool {
+    fn shares_a_prefill(&self, request: &Request) -> bool {
         // The last token is always computed (its logits are needed), so never shared.
+        let prompt = &request.prompt;
         let usable = &prompt[..prompt.len().saturating_sub(1)];
-        self.running.iter().filter(|s| s.finished().is_none() && s.computed < s.n_prompt).any(|s| {
+        let key = prefix_key(request.adapter.as_deref());
+        let prefilling = |s: &&Seq| s.finished().is_none() && s.computed < s.n_prompt && prefix_key(s.adapter.as_deref()) == key;
+        self.running.iter().filter(prefilling).any(|s| {
             let shared = usable.iter().zip(&s.tokens[..s.n_prompt]).take_while(|(a, b)| a == b).count();
             shared >= s.cached + BLOCK_TOKENS
         })
@@ -345,8 +353,10 @@ impl Scheduler {
             if !seq.prompt_pending() {
                 continue;
             }
+            // Prompts whose adapters find no slot left wait for a later step.
+            let Some(slot) = plan.slot_for(seq.adapter.as_ref(), self.cfg.max_loras) else { continue };
             let n = (seq.n_prompt - seq.scheduled).min(budget);
-            plan.push_chunk(seq.kv, seq.scheduled, &seq.tokens[seq.scheduled..seq.scheduled + n], seq.n_prompt);
+            plan.push_chunk(seq.kv, seq.scheduled, &seq.tokens[seq.scheduled..seq.scheduled + n], seq.n_prompt, slot);
             seq.scheduled += n;
             budget -= n;
         }
@@ -360,5 +370,14 @@ impl Scheduler {
         if let Ok(mut shared) = self.shared_stats.lock() {
             shared.clone_from(s);
         }
+    }
+}
+
+/// The prefix-cache key of a sequence run with `mix`: blocks computed under one adapter
+/// are never attached by a sequence under another.
+fn prefix_key(mix: Option<&blink_model::lora::LoraMix>) -> PrefixKey {
+    match mix {
+        Some(m) if !m.is_empty() => PrefixKey::adapter(m.key()),
+        _ => PrefixKey::BASE,
     }
 }

@@ -8,10 +8,13 @@
 //!                  └──────(end, limit, cancel)───────┴──▶ Finished(reason) ──▶ released
 //! ```
 
-use blink_model::{SeqId, StepRow};
+use std::sync::Arc;
+
+use blink_model::lora::LoraMix;
+use blink_model::{AdapterSlot, SeqId, StepRow};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::api::Event;
+use super::api::{Event, Request};
 use crate::sampling::Sampler;
 use crate::session::FinishReason;
 
@@ -45,18 +48,37 @@ pub(super) struct Seq {
     /// Prompt tokens found in the prefix cache at admission.
     pub(super) cached: usize,
     pub(super) sampler: Sampler,
+    /// The adapters it runs with, held until it is released.
+    pub(super) adapter: Option<Arc<LoraMix>>,
     state: State,
 }
 
 impl Seq {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn admitted(events: UnboundedSender<Event>, kv: SeqId, tokens: Vec<u32>, max_tokens: usize, logprobs: Option<usize>, ignore_eos: bool, cached: usize, sampler: Sampler) -> Seq {
-        let n_prompt = tokens.len();
-        Seq { events, kv, tokens, n_prompt, max_tokens, logprobs, ignore_eos, computed: cached, scheduled: cached, generated: 0, cached, sampler, state: State::Computing }
-    }
-
-    pub(super) fn state(&self) -> State {
-        self.state
+    /// A sequence for `request`, on cache sequence `kv` whose first `cached` tokens came
+    /// from the prefix cache.
+    pub(super) fn admitted(events: UnboundedSender<Event>, kv: SeqId, request: Request, cached: usize) -> Seq {
+        let mut sampler = Sampler::new(request.sampling.clone());
+        for &t in &request.prompt {
+            sampler.accept(t);
+        }
+        let mut tokens = request.prompt;
+        tokens.reserve_exact(request.max_tokens);
+        Seq {
+            events,
+            kv,
+            n_prompt: tokens.len(),
+            tokens,
+            max_tokens: request.max_tokens,
+            logprobs: request.logprobs,
+            ignore_eos: request.ignore_eos,
+            computed: cached,
+            scheduled: cached,
+            generated: 0,
+            cached,
+            sampler,
+            adapter: request.adapter,
+            state: State::Computing,
+        }
     }
 
     pub(super) fn finished(&self) -> Option<FinishReason> {
@@ -86,10 +108,16 @@ impl Seq {
         self.state = State::Sampled(token);
     }
 
-    /// The sampled token's decode row for the coming step, if it has one to feed back.
-    pub(super) fn take_decode_row(&mut self) -> Option<StepRow> {
+    /// Whether it has a sampled token to feed back.
+    pub(super) fn has_decode_row(&self) -> bool {
+        matches!(self.state, State::Sampled(_))
+    }
+
+    /// The sampled token's decode row for the coming step, with the adapter slot the step
+    /// gave its mix, if it has one to feed back.
+    pub(super) fn take_decode_row(&mut self, adapter: Option<AdapterSlot>) -> Option<StepRow> {
         let State::Sampled(token) = self.state else { return None };
-        let row = StepRow::decode(token, self.scheduled, self.kv);
+        let row = StepRow::decode(token, self.scheduled, self.kv).with_adapter(adapter);
         self.scheduled += 1;
         self.state = State::Computing;
         Some(row)

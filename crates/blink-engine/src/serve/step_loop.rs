@@ -43,10 +43,11 @@ impl StepLoop {
         occupancy: Arc<Occupancy>,
     ) -> Result<StepLoop, EngineError> {
         eog.sort_unstable();
-        let cfg = EngineConfig { max_running: cfg.max_running.max(1), step_tokens: cfg.step_tokens.max(1), ..cfg.clone() };
+        let cfg = EngineConfig { max_running: cfg.max_running.max(1), step_tokens: cfg.step_tokens.max(1), max_loras: cfg.max_loras.max(1), ..cfg.clone() };
         let exec = Executor::new(model, &cfg)?;
         let max_rows = cfg.step_tokens.saturating_add(cfg.max_running);
-        let (plan, next) = (StepPlan::with_capacity(max_rows, cfg.max_running), StepPlan::with_capacity(max_rows, cfg.max_running));
+        let plan = || StepPlan::with_capacity(max_rows, cfg.max_running, cfg.max_loras);
+        let (plan, next) = (plan(), plan());
         let sched = Scheduler::new(cfg, commands, stats, occupancy, Box::new(FirstComeFirstServed), exec.runner.kv());
         Ok(StepLoop { eog, exec, sched, plan, next })
     }

@@ -28,11 +28,12 @@ pub fn config() -> EngineConfig {
         kv_type: KvType::F16,
         prefix_cache: true,
         prefix_cache_tokens: None,
+        max_loras: 4,
     }
 }
 
 pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), logprobs: None, ignore_eos: false }
+    Request { prompt, max_tokens, sampling: SamplingParams::greedy(), logprobs: None, ignore_eos: false, adapter: None }
 }
 
 /// The first `max_tokens` greedy tokens of `prompt` from a single-sequence session: the

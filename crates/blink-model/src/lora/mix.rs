@@ -38,6 +38,12 @@ impl LoraMix {
         self.adapters.iter().map(|(a, _)| a.max_rank()).max().unwrap_or(0)
     }
 
+    /// Whether the two apply the same adapters (the same placements) at the same scales.
+    pub fn same(&self, other: &LoraMix) -> bool {
+        self.adapters.len() == other.adapters.len()
+            && self.adapters.iter().zip(&other.adapters).all(|((a, s), (b, t))| Arc::ptr_eq(a, b) && s.to_bits() == t.to_bits())
+    }
+
     /// Names what the mix computes, for the prefix cache: equal keys mean equal weights
     /// and scales (each placement of an adapter has its own id). The empty mix is 0, the
     /// base model's key.

@@ -10,6 +10,7 @@ mod error;
 mod format;
 mod mix;
 mod placed;
+mod random;
 mod target;
 mod tensors;
 

@@ -4,6 +4,7 @@ use std::io::Write;
 
 use blink_engine::perplexity::{chunk_count, perplexity, PerplexityConfig};
 
+use crate::lora_args::LoraArgs;
 use crate::common::{load_model, read_input, CliResult, ComputeArgs, ModelArgs};
 
 #[derive(clap::Args)]
@@ -17,6 +18,8 @@ pub struct Args {
     /// Evaluate at most this many chunks (at least 1).
     #[arg(long = "chunks", value_parser = clap::value_parser!(u64).range(1..))]
     chunks: Option<u64>,
+    #[command(flatten)]
+    lora: LoraArgs,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -37,6 +40,7 @@ pub fn main(args: Args) -> CliResult {
         kv_type: args.compute.cache_type,
         max_chunks: args.chunks.map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
         bos: loaded.tokenizer.add_bos().then(|| loaded.tokenizer.bos()).flatten(),
+        adapter: args.lora.load(&loaded.model)?,
     };
     let chunks = chunk_count(tokens.len(), &cfg)?;
     eprintln!("blink: {} tokens, {chunks} chunks of {ctx}", tokens.len());

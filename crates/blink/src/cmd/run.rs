@@ -5,6 +5,7 @@ use std::io::Write;
 use blink_engine::{GenerateParams, Session};
 use blink_text::chat_template::ChatMessage;
 
+use crate::lora_args::LoraArgs;
 use crate::common::{chat_prompt, load_model, rate, CliResult, ComputeArgs, ModelArgs, PromptArgs, SamplingArgs};
 
 #[derive(clap::Args)]
@@ -33,6 +34,8 @@ pub struct Args {
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
+    lora: LoraArgs,
+    #[command(flatten)]
     compute: ComputeArgs,
 }
 
@@ -56,6 +59,7 @@ pub fn main(args: Args) -> CliResult {
     };
     let cfg = args.compute.session_config(&loaded.model)?;
     let mut session = Session::new(&loaded.model, &cfg)?;
+    session.set_adapter(args.lora.load(&loaded.model)?)?;
     let params = GenerateParams {
         max_tokens: crate::common::max_tokens(args.max_tokens)?,
         sampling: args.sampling.params(cfg.n_ctx)?,

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use blink_engine::{GenerateParams, Session};
 use blink_text::chat_template::ChatMessage;
 
+use crate::lora_args::LoraArgs;
 use crate::common::{chat_prompt, load_model, rate, CliResult, ComputeArgs, ModelArgs, SamplingArgs};
 use input::{Input, Reader};
 
@@ -38,6 +39,8 @@ pub struct Args {
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
+    lora: LoraArgs,
+    #[command(flatten)]
     compute: ComputeArgs,
 }
 
@@ -48,6 +51,7 @@ pub fn main(args: Args) -> CliResult {
     }
     let cfg = args.compute.session_config(&loaded.model)?;
     let mut session = Session::new(&loaded.model, &cfg)?;
+    session.set_adapter(args.lora.load(&loaded.model)?)?;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
     let params = GenerateParams {
         max_tokens: crate::common::max_tokens(args.max_tokens)?,
