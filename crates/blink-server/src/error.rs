@@ -55,9 +55,23 @@ impl ApiError {
             ..ApiError::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
-                format!("the model '{name}' does not exist; this server serves '{served}'"),
+                format!("the model '{name}' does not exist; this server serves '{served}' and the adapters /v1/models lists"),
             )
         }
+    }
+
+    /// 404 for an adapter name this server does not serve (vLLM's unload of an unknown name).
+    pub fn adapter_not_found(name: &str) -> ApiError {
+        ApiError {
+            param: Some("lora_name"),
+            code: Some("model_not_found"),
+            ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no adapter named '{name}' is loaded"))
+        }
+    }
+
+    /// 403 for something this server was not started to allow.
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError { code: Some("permission_denied"), ..ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", message) }
     }
 
     /// 404 for an unknown path.

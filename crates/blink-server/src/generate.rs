@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use blink_engine::serve::{Event, Request, Submission, Usage};
 use blink_engine::{FinishReason, SamplingParams};
+use blink_model::lora::LoraMix;
 use blink_text::TextStream;
 
 use crate::error::ApiError;
@@ -61,7 +62,15 @@ impl Generation {
     /// `prompt_field` is where the request had the prompt (`messages` or `prompt`), for
     /// errors; `started` is when the request arrived (time to first token is measured from
     /// it).
-    pub fn start(app: App, ready: Arc<Ready>, prompt: Vec<u32>, prompt_field: &'static str, common: &Common, started: Instant) -> Result<Generation, ApiError> {
+    pub fn start(
+        app: App,
+        ready: Arc<Ready>,
+        prompt: Vec<u32>,
+        prompt_field: &'static str,
+        common: &Common,
+        adapter: Option<Arc<LoraMix>>,
+        started: Instant,
+    ) -> Result<Generation, ApiError> {
         let limit = ready.max_seq_len;
         let n = prompt.len();
         if n == 0 {
@@ -86,7 +95,7 @@ impl Generation {
             sampling: SamplingParams { repeat_last_n: common.sampling.repeat_last_n.min(limit), ..common.sampling.clone() },
             logprobs: common.logprobs,
             ignore_eos: common.ignore_eos,
-            adapter: None,
+            adapter,
         };
         let sub = ready.engine.submit(req)?;
         Ok(Generation {

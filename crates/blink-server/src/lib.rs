@@ -12,6 +12,7 @@
 //!
 //! `client` is a small HTTP/SSE client for driving a server (bench-serve, tests).
 
+pub mod adapters;
 pub mod body;
 pub mod client;
 pub mod error;
@@ -23,4 +24,5 @@ pub mod server;
 pub mod state;
 
 pub use server::Server;
+pub use adapters::AdapterOptions;
 pub use state::{ModelOptions, Ready, ServerOptions};

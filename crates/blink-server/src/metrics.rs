@@ -10,6 +10,8 @@ use std::sync::Mutex;
 
 use blink_engine::serve::EngineStats;
 
+use crate::adapters::AdapterStats;
+
 /// Time-to-first-token buckets, in seconds.
 const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 /// Inter-token latency buckets, in seconds.
@@ -97,8 +99,9 @@ impl Metrics {
         self.generated_tokens.fetch_add(generated, Ordering::Relaxed);
     }
 
-    /// The Prometheus text exposition; `engine` is `None` while the model loads.
-    pub fn render(&self, engine: Option<&EngineStats>) -> String {
+    /// The Prometheus text exposition; `engine` and `adapters` are `None` while the model
+    /// loads.
+    pub fn render(&self, engine: Option<&EngineStats>, adapters: Option<&AdapterStats>) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str("# HELP blink_requests_total HTTP requests, by endpoint and answer status (499: the client left before the answer).\n");
         out.push_str("# TYPE blink_requests_total counter\n");
@@ -140,6 +143,14 @@ impl Metrics {
         counter(&mut out, "blink_engine_steps_planned_ahead_total", "Engine steps built while the previous step computed.", s.steps_planned_ahead as f64);
         counter(&mut out, "blink_engine_requests_admitted_late_total", "Requests admitted between two steps, into the step about to start, having arrived after the control work beside the step before.", s.requests_admitted_late as f64);
         counter(&mut out, "blink_engine_beside_seconds_total", "Control work (hand-off, admission, planning) done while a step computed, off the critical path.", s.beside_seconds_total);
+        if let Some(a) = adapters {
+            gauge(&mut out, "blink_lora_adapters", "LoRA adapters served (held in memory or not).", a.registered as f64);
+            gauge(&mut out, "blink_lora_adapters_resident", "LoRA adapters held in memory (--max-cpu-loras bounds it).", a.resident as f64);
+            gauge(&mut out, "blink_lora_resident_bytes", "Bytes the LoRA adapters in memory hold (each NUMA part's copy counted).", a.held_bytes as f64);
+            gauge(&mut out, "blink_lora_tensor_bytes", "Bytes of the LoRA adapters in memory as f32 tensors, once each.", a.tensor_bytes as f64);
+            counter(&mut out, "blink_lora_loads_total", "LoRA adapters read from disk (at start, by load requests, and again after eviction).", a.loads_total as f64);
+            counter(&mut out, "blink_lora_evictions_total", "LoRA adapters evicted from memory to make room (--max-cpu-loras).", a.evictions_total as f64);
+        }
         out
     }
 }
@@ -174,7 +185,8 @@ mod tests {
         m.ttft.observe(0.2);
         m.itl.observe(0.02);
         let stats = EngineStats { running: 3, step_seconds_total: 2.0, compute_seconds_total: 1.5, kv_resident_bytes: 1 << 20, ..Default::default() };
-        let text = m.render(Some(&stats));
+        let adapters = AdapterStats { resident: 2, held_bytes: 1000, ..Default::default() };
+        let text = m.render(Some(&stats), Some(&adapters));
         assert!(text.contains("blink_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2"), "{text}");
         assert!(text.contains("blink_time_to_first_token_seconds_bucket{le=\"0.25\"} 1"), "{text}");
         assert!(text.contains("blink_time_to_first_token_seconds_bucket{le=\"0.1\"} 0"), "{text}");
@@ -183,6 +195,7 @@ mod tests {
         assert_eq!(sample(&text, "blink_f_ctrl"), Some(0.25));
         assert_eq!(sample(&text, "blink_kv_resident_bytes"), Some(1048576.0));
         assert_eq!(sample(&text, "blink_time_to_first_token_seconds_count"), Some(1.0));
-        assert_eq!(sample(&m.render(None), "blink_model_loaded"), Some(0.0));
+        assert_eq!(sample(&text, "blink_lora_resident_bytes"), Some(1000.0));
+        assert_eq!(sample(&m.render(None, None), "blink_model_loaded"), Some(0.0));
     }
 }

@@ -10,9 +10,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use blink_engine::serve::{Engine, EngineConfig};
 use blink_engine::Loaded;
+use blink_model::lora::LoraMix;
 use blink_model::{KvType, TensorPlacement};
 use blink_text::{ChatMessage, ChatTemplate, Tokenizer};
 
+use crate::adapters::{AdapterOptions, Adapters};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -68,6 +70,8 @@ pub struct ModelOptions {
     pub prefix_cache_tokens: Option<usize>,
     /// Most distinct adapters (or adapter mixes) in one engine step.
     pub max_loras: usize,
+    /// The LoRA adapters to serve, and how run-time loads are allowed.
+    pub adapters: AdapterOptions,
     /// Flat or tensor parallel over NUMA nodes (`None`: flat over `threads`).
     pub placement: Option<TensorPlacement>,
 }
@@ -87,6 +91,7 @@ impl ModelOptions {
             prefix_cache: true,
             prefix_cache_tokens: None,
             max_loras: 8,
+            adapters: AdapterOptions::default(),
             placement: None,
         }
     }
@@ -106,6 +111,8 @@ pub struct Ready {
     pub created: u64,
     /// Longest sequence (prompt + generated) per request.
     pub max_seq_len: usize,
+    /// The LoRA adapters served over the model.
+    pub adapters: Arc<Adapters>,
 }
 
 impl Ready {
@@ -159,18 +166,39 @@ impl Ready {
             aliases.push(name.to_owned());
         }
         let eog = tokenizer.eog_ids().to_vec();
-        let engine = Engine::start(Arc::new(model), eog, cfg).map_err(|e| e.to_string())?;
+        let model = Arc::new(model);
+        let names: Vec<String> = std::iter::once(model_id.clone()).chain(aliases.iter().cloned()).collect();
+        let adapters = Arc::new(Adapters::start(model.clone(), &opts.adapters, &names)?);
+        let engine = Engine::start(model, eog, cfg).map_err(|e| e.to_string())?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok(Ready { engine, tokenizer, template, model_id, aliases, created, max_seq_len: ctx })
+        Ok(Ready { engine, tokenizer, template, model_id, aliases, created, max_seq_len: ctx, adapters })
     }
 
-    /// 404 unless `name` is absent, empty, or one of this model's names.
-    pub fn check_model(&self, name: Option<&str>) -> Result<(), ApiError> {
+    /// The base model's names: its id and aliases (adapters may not take them).
+    pub fn base_names(&self) -> Vec<String> {
+        std::iter::once(self.model_id.clone()).chain(self.aliases.iter().cloned()).collect()
+    }
+
+    /// Whether `name` is absent, empty, or one of the base model's names.
+    pub fn is_base(&self, name: Option<&str>) -> bool {
         match name {
-            None | Some("") => Ok(()),
-            Some(n) if n == self.model_id || self.aliases.iter().any(|a| a == n) => Ok(()),
-            Some(n) => Err(ApiError::model_not_found(n, &self.model_id)),
+            None | Some("") => true,
+            Some(n) => n == self.model_id || self.aliases.iter().any(|a| a == n),
         }
+    }
+
+    /// What a request with `model` and `lora` runs on: the adapter mix (`None`: the base
+    /// model) and the name its answers report. 404 for a name that is neither the base
+    /// model's nor a served adapter's.
+    pub async fn pick(&self, model: Option<&str>, lora: Option<&[(u64, f32)]>) -> Result<(Option<Arc<LoraMix>>, String), ApiError> {
+        let adapter = match model {
+            m if self.is_base(m) => None,
+            Some(n) if self.adapters.contains(n) => Some(n),
+            Some(n) => return Err(ApiError::model_not_found(n, &self.model_id)),
+            None => None,
+        };
+        let mix = self.adapters.resolve(adapter, lora).await?;
+        Ok((mix, adapter.map_or_else(|| self.model_id.clone(), str::to_owned)))
     }
 
     /// Render `messages` with the chat template and tokenize the result, stripping a leading

@@ -33,6 +33,8 @@ pub struct Common {
     pub ignore_eos: bool,
     /// Alternatives per token when log-probabilities were asked for.
     pub logprobs: Option<usize>,
+    /// llama.cpp's per-request adapters: ids and scales (`None`: not given).
+    pub lora: Option<Vec<(u64, f32)>>,
 }
 
 /// A parsed chat completion request.
@@ -151,7 +153,29 @@ fn parse_common(f: &Fields) -> Result<Common, ApiError> {
             }
         }
     }
-    Ok(Common { model, max_tokens, max_tokens_field, sampling, stop, stream, include_usage, ignore_eos, logprobs: None })
+    let lora = f.get("lora").map(|v| parse_lora_list("lora", v)).transpose()?;
+    Ok(Common { model, max_tokens, max_tokens_field, sampling, stop, stream, include_usage, ignore_eos, logprobs: None, lora })
+}
+
+/// llama.cpp's adapter list, `[{"id": N, "scale": S}, ...]` (a missing scale is 1).
+pub fn parse_lora_list(field: &'static str, v: &Value) -> Result<Vec<(u64, f32)>, ApiError> {
+    let Value::Array(items) = v else { return Err(wrong_type(field, "an array of {id, scale} objects", v)) };
+    items
+        .iter()
+        .map(|item| {
+            let Value::Object(map) = item else { return Err(wrong_type(field, "an array of {id, scale} objects", item)) };
+            let f = Fields(map);
+            let id = f.int("id", 0, i64::MAX)?.ok_or_else(|| ApiError::param(field, "every adapter needs an id"))?;
+            let scale = match f.get("scale") {
+                None => 1.0,
+                Some(s) => s.as_f64().ok_or_else(|| wrong_type(field, "a number as each scale", s))? as f32,
+            };
+            if !scale.is_finite() {
+                return Err(ApiError::param(field, format!("the scale of adapter {id} must be a finite number")));
+            }
+            Ok((id as u64, scale))
+        })
+        .collect()
 }
 
 fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {

@@ -22,11 +22,11 @@ pub async fn chat(State(app): State<App>, body: Body) -> Result<Response, ApiErr
     let ready = app.ready()?;
     let json = read_json(body, app.opts.max_body, app.opts.body_timeout).await?;
     let req = parse_chat(&json)?;
-    ready.check_model(req.common.model.as_deref())?;
+    let (adapter, model_name) = ready.pick(req.common.model.as_deref(), req.common.lora.as_deref()).await?;
     let prompt = ready.chat_prompt(&req.messages)?;
-    let meta = Meta { id: new_id("chatcmpl-"), created: unix_now(), model: ready.model_id.clone() };
+    let meta = Meta { id: new_id("chatcmpl-"), created: unix_now(), model: model_name };
     let logprobs = req.common.logprobs.is_some();
-    let gen = Generation::start(app.clone(), ready.clone(), prompt, "messages", &req.common, started)?;
+    let gen = Generation::start(app.clone(), ready.clone(), prompt, "messages", &req.common, adapter, started)?;
     if req.common.stream {
         let shape = ChatStream { meta, logprobs, include_usage: req.common.include_usage };
         return Ok(stream::respond(gen, shape));

@@ -22,7 +22,7 @@ pub async fn completions(State(app): State<App>, body: Body) -> Result<Response,
     let ready = app.ready()?;
     let json = read_json(body, app.opts.max_body, app.opts.body_timeout).await?;
     let req = parse_completion(&json)?;
-    ready.check_model(req.common.model.as_deref())?;
+    let (adapter, model_name) = ready.pick(req.common.model.as_deref(), req.common.lora.as_deref()).await?;
     let tok = &ready.tokenizer;
     let prompt = match req.prompt {
         Prompt::Text(text) => tok.encode(&text, true, true),
@@ -34,9 +34,9 @@ pub async fn completions(State(app): State<App>, body: Body) -> Result<Response,
             ids
         }
     };
-    let meta = Meta { id: new_id("cmpl-"), created: unix_now(), model: ready.model_id.clone() };
+    let meta = Meta { id: new_id("cmpl-"), created: unix_now(), model: model_name };
     let logprobs = req.common.logprobs.is_some();
-    let gen = Generation::start(app.clone(), ready.clone(), prompt, "prompt", &req.common, started)?;
+    let gen = Generation::start(app.clone(), ready.clone(), prompt, "prompt", &req.common, adapter, started)?;
     if req.common.stream {
         let shape = CompletionStream { meta, logprobs, include_usage: req.common.include_usage };
         return Ok(stream::respond(gen, shape));

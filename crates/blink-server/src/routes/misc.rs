@@ -10,6 +10,7 @@ use super::json_response;
 use crate::body::read_json;
 use crate::error::ApiError;
 use crate::openai::fields::{wrong_type, Fields};
+use crate::adapters::AdapterInfo;
 use crate::state::{App, Ready};
 
 /// The web chat page.
@@ -48,15 +49,35 @@ fn model_entry(ready: &Ready) -> Value {
     })
 }
 
+/// An adapter as vLLM lists it: its name, `parent` the base model, `root` its path.
+fn adapter_entry(ready: &Ready, a: &AdapterInfo) -> Value {
+    json!({
+        "id": a.name,
+        "object": "model",
+        "created": a.created,
+        "owned_by": "blink",
+        "root": a.path.display().to_string(),
+        "parent": ready.model_id,
+        "meta": {"lora_id": a.id, "rank": a.rank, "alpha": a.alpha, "resident": a.resident},
+    })
+}
+
+/// The base model, then every adapter.
 pub async fn models(State(app): State<App>) -> Result<Response, ApiError> {
     let ready = app.ready()?;
-    Ok(json_response(&json!({"object": "list", "data": [model_entry(&ready)]})).into_response())
+    let data: Vec<Value> = std::iter::once(model_entry(&ready)).chain(ready.adapters.list().iter().map(|a| adapter_entry(&ready, a))).collect();
+    Ok(json_response(&json!({"object": "list", "data": data})).into_response())
 }
 
 pub async fn model(State(app): State<App>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let ready = app.ready()?;
-    ready.check_model(Some(&id))?;
-    Ok(json_response(&model_entry(&ready)).into_response())
+    if ready.is_base(Some(&id)) {
+        return Ok(json_response(&model_entry(&ready)).into_response());
+    }
+    match ready.adapters.list().iter().find(|a| a.name == id) {
+        Some(a) => Ok(json_response(&adapter_entry(&ready, a)).into_response()),
+        None => Err(ApiError::model_not_found(&id, &ready.model_id)),
+    }
 }
 
 /// `{"content": TEXT, "add_special": bool, "parse_special": bool, "with_pieces": bool}` →
@@ -113,8 +134,8 @@ pub async fn detokenize(State(app): State<App>, body: Body) -> Result<Response, 
 
 /// Prometheus text exposition.
 pub async fn metrics(State(app): State<App>) -> Response {
-    let stats = app.try_ready().map(|r| r.engine.stats());
-    let text = app.metrics.render(stats.as_ref());
+    let stats = app.try_ready().map(|r| (r.engine.stats(), r.adapters.stats()));
+    let text = app.metrics.render(stats.as_ref().map(|(e, _)| e), stats.as_ref().map(|(_, a)| a));
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r

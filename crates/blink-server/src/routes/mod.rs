@@ -2,6 +2,7 @@
 
 mod chat;
 mod completions;
+mod lora;
 mod misc;
 mod stream;
 
@@ -35,6 +36,9 @@ pub fn router(app: App) -> Router {
         .route("/completions", post(completions::completions))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
+        .route("/v1/load_lora_adapter", post(lora::load))
+        .route("/v1/unload_lora_adapter", post(lora::unload))
+        .route("/lora-adapters", get(lora::list).post(lora::set_scales))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), guard))
@@ -61,6 +65,9 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/completions" | "/completions" => "/v1/completions",
         "/tokenize" => "/tokenize",
         "/detokenize" => "/detokenize",
+        "/v1/load_lora_adapter" => "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter" => "/v1/unload_lora_adapter",
+        "/lora-adapters" => "/lora-adapters",
         _ => "other",
     }
 }

@@ -88,3 +88,47 @@ pub fn shared() -> &'static TestServer {
     static S: OnceLock<TestServer> = OnceLock::new();
     S.get_or_init(|| TestServer::start(ServerOptions::default(), model_options()))
 }
+
+/// The golden LoRA adapters (PEFT directories and their llama.cpp GGUFs).
+pub fn lora_golden() -> PathBuf {
+    repo_root().join("testdata/golden/lora")
+}
+
+/// A directory removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("blink-server-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Copy the golden adapters into `dir`: `adapter-r8/`, `adapter-r4-qv/` and
+/// `adapter-r8.f32.gguf` (copies, since `--lora-dir` refuses links leading out of it).
+pub fn copy_golden_adapters(dir: &Path) {
+    let golden = lora_golden();
+    for name in ["adapter-r8", "adapter-r4-qv"] {
+        std::fs::create_dir_all(dir.join(name)).unwrap();
+        for file in ["adapter_config.json", "adapter_model.safetensors"] {
+            std::fs::copy(golden.join(name).join(file), dir.join(name).join(file)).unwrap();
+        }
+    }
+    std::fs::copy(golden.join("gguf/adapter-r8.f32.gguf"), dir.join("adapter-r8.f32.gguf")).unwrap();
+}
+
+/// A sample of `/metrics`.
+pub fn metric(server: &TestServer, name: &str) -> f64 {
+    let text = block_on(server.client().get("/metrics")).expect("GET /metrics").text();
+    blink_server::metrics::sample(&text, name).unwrap_or_else(|| panic!("no {name} in /metrics"))
+}

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use blink_model::KvType;
-use blink_server::{ModelOptions, Ready, Server, ServerOptions};
+use blink_server::{AdapterOptions, ModelOptions, Ready, Server, ServerOptions};
 
 use crate::common::{parse_kv_type, CliResult, KernelArgs, ModelArgs, NumaArgs};
 
@@ -73,9 +73,61 @@ pub struct EngineArgs {
     #[arg(long = "no-prefix-cache")]
     pub no_prefix_cache: bool,
     #[command(flatten)]
+    pub lora: ServerLoraArgs,
+    #[command(flatten)]
     pub kernel: KernelArgs,
     #[command(flatten)]
     pub numa: NumaArgs,
+}
+
+/// The adapters a server serves, and how it may load more.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServerLoraArgs {
+    /// A LoRA adapter (PEFT directory or llama.cpp LoRA GGUF) served as NAME, picked by a
+    /// request's `model: "NAME"` (as vLLM); repeatable. Without `NAME=`, as llama.cpp's
+    /// server: named after its file and applied at scale 1 to requests that pick no adapter.
+    #[arg(long = "lora", value_name = "NAME=PATH")]
+    pub lora: Vec<String>,
+    /// As llama.cpp's server: an adapter applied at SCALE to requests that pick no adapter.
+    #[arg(long = "lora-scaled", num_args = 2, value_names = ["PATH", "SCALE"], allow_negative_numbers = true)]
+    pub lora_scaled: Vec<String>,
+    /// Allow run-time loads (`POST /v1/load_lora_adapter`) of adapters inside DIR only
+    /// (default: no run-time loading).
+    #[arg(long = "lora-dir", value_name = "DIR")]
+    pub lora_dir: Option<std::path::PathBuf>,
+    /// Most distinct adapters (or mixes) in one engine step; rows over it wait a step.
+    #[arg(long = "max-loras", default_value_t = 8)]
+    pub max_loras: usize,
+    /// Most adapters held in memory (default: no limit); past it the least recently used
+    /// idle one is evicted, and read again when a request asks for it.
+    #[arg(long = "max-cpu-loras")]
+    pub max_cpu_loras: Option<usize>,
+}
+
+impl ServerLoraArgs {
+    fn options(&self) -> CliResult<AdapterOptions> {
+        let mut preload = Vec::new();
+        for arg in &self.lora {
+            // NAME=PATH, unless what precedes '=' looks like a path.
+            match arg.split_once('=') {
+                Some((name, path)) if !name.is_empty() && !name.contains('/') => preload.push((name.to_owned(), path.into(), 0.0)),
+                _ => {
+                    let path = std::path::PathBuf::from(arg);
+                    preload.push((blink_server::adapters::default_name(&path), path, 1.0));
+                }
+            }
+        }
+        for pair in self.lora_scaled.chunks(2) {
+            let [path, scale] = pair else { return Err("--lora-scaled takes a path and a scale".into()) };
+            let value: f32 = scale.parse().map_err(|_| format!("--lora-scaled {path}: the scale '{scale}' is not a number"))?;
+            let path = std::path::PathBuf::from(path);
+            preload.push((blink_server::adapters::default_name(&path), path, value));
+        }
+        if self.max_loras == 0 {
+            return Err("--max-loras must be at least 1".into());
+        }
+        Ok(AdapterOptions { preload, dir: self.lora_dir.clone(), max_resident: self.max_cpu_loras })
+    }
 }
 
 impl EngineArgs {
@@ -93,6 +145,8 @@ impl EngineArgs {
             kv_type: self.cache_type,
             prefix_cache: !self.no_prefix_cache,
             prefix_cache_tokens: self.prefix_cache_tokens,
+            max_loras: self.lora.max_loras,
+            adapters: self.lora.options()?,
             ..ModelOptions::new(path)
         })
     }
@@ -143,6 +197,9 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
         blink_kernels::cpu::active(),
         blink_kernels::order::active()
     );
+    for a in ready.adapters.list() {
+        eprintln!("blink: adapter '{}' (id {}, rank {}, alpha {}, default scale {}) from {}", a.name, a.id, a.rank, a.alpha, a.scale, a.path.display());
+    }
     server.set_ready(ready);
     outln!("{url}")?;
     let _ = std::io::stdout().flush();
