@@ -6,15 +6,23 @@
 //! already holds D tokens when the timed part starts. Each test is repeated `-r` times after
 //! one warm-up, and reported as mean ± standard deviation. `--bandwidth` also measures
 //! memory bandwidth with a STREAM-style triad and relates decode speed to the bound it
-//! implies.
+//! implies. `--lora N` adds, after each base row, the same test with its sequences spread
+//! over N random adapters (see [`lora`]), measured in turn with the base row's
+//! repetitions so a noisy machine's drift touches both alike.
 
+mod lora;
+
+use std::sync::Arc;
 use std::time::Instant;
 
 use blink_engine::rng::Rng;
 use blink_engine::{Runner, RunnerConfig};
 use blink_model::kv_cache::{KvCache, SeqId, BLOCK_TOKENS};
+use blink_model::lora::LoraMix;
 use blink_model::{KvType, Model, StepRow};
 use serde::Serialize;
+
+use self::lora::Adapters;
 
 use crate::common::{load_model_placed, resolve_threads, CliResult, KernelArgs, ModelArgs, NumaArgs};
 
@@ -50,6 +58,13 @@ pub struct Args {
     /// Also measure memory bandwidth (a STREAM triad) and the decode bound it implies.
     #[arg(long)]
     bandwidth: bool,
+    /// Also run each test with its sequences spread over this many random LoRA adapters
+    /// (sequence i on adapter i mod N; a prompt on one adapter); 0: base model only.
+    #[arg(long = "lora", value_name = "N", default_value_t = 0)]
+    lora: usize,
+    /// Rank of the `--lora` adapters (on all seven projections of every layer).
+    #[arg(long = "lora-rank", value_name = "R", default_value_t = 8)]
+    lora_rank: usize,
     #[command(flatten)]
     kernel: KernelArgs,
     #[command(flatten)]
@@ -67,6 +82,10 @@ struct Row {
     depth: usize,
     threads: usize,
     batch: usize,
+    /// Adapters the sequences are spread over (0: the base model).
+    loras: usize,
+    /// Their rank (0 for the base model).
+    lora_rank: usize,
     tok_s: f64,
     tok_s_stddev: f64,
     samples: Vec<f64>,
@@ -85,6 +104,8 @@ pub fn main(args: Args) -> CliResult {
     let kernel = blink_kernels::cpu::active();
     let order = blink_kernels::order::active();
     let file_type = crate::cmd::info::file_type_of(model);
+    let place = |model: &Model| (args.lora > 0).then(|| Adapters::place(model, args.lora, args.lora_rank)).transpose();
+    let first_adapters = place(model)?;
     if !args.json {
         outln!(
             "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, {order} dot order, {}, {} repetitions",
@@ -93,16 +114,18 @@ pub fn main(args: Args) -> CliResult {
             numa_label(model),
             args.reps.max(1)
         )?;
+        if let Some(a) = &first_adapters {
+            outln!("{}", a.describe())?;
+        }
         outln!("| test | threads | batch | tok/s |")?;
         outln!("| --- | ---: | ---: | ---: |")?;
     }
+    if let (true, Some(a)) = (args.json, &first_adapters) {
+        eprintln!("blink bench: {}", a.describe());
+    }
     let mut rows = Vec::new();
-    let mut emit = |test: String, depth: usize, threads: usize, batch: usize, samples: Vec<f64>| -> CliResult {
+    let mut emit = |test: String, depth: usize, threads: usize, batch: usize, loras: usize, samples: Vec<f64>| -> CliResult {
         let (mean, sd) = mean_sd(&samples);
-        if !args.json {
-            let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
-            outln!("| {test}{at} | {threads} | {batch} | {mean:.2} ± {sd:.2} |")?;
-        }
         rows.push(Row {
             model: model.cfg.name.clone(),
             file_type: file_type.clone(),
@@ -112,20 +135,28 @@ pub fn main(args: Args) -> CliResult {
             depth,
             threads,
             batch,
+            loras,
+            lora_rank: if loras > 0 { args.lora_rank } else { 0 },
             tok_s: mean,
             tok_s_stddev: sd,
             samples,
         });
+        if !args.json {
+            let r = rows.last().expect("just pushed");
+            outln!("| {} | {threads} | {batch} | {mean:.2} ± {sd:.2} |", lora::label(r))?;
+        }
         Ok(())
     };
     let mut placed = Vec::new();
     for &t in &threads {
-        let reloaded;
-        let model = if model.placement().numa && t != threads[0] {
+        let (reloaded, placed_adapters);
+        let (model, adapters) = if model.placement().numa && t != threads[0] {
             reloaded = load_model_placed(&args.model, &args.numa.placement(t)?)?;
-            &reloaded.model
+            // Adapters live on the parts of the model that runs them.
+            placed_adapters = place(&reloaded.model)?;
+            (&reloaded.model, placed_adapters.as_ref())
         } else {
-            model
+            (model, first_adapters.as_ref())
         };
         // What runs: a tensor-parallel placement has at least a thread per node (a flat
         // model is loaded once, for any count).
@@ -134,20 +165,33 @@ pub fn main(args: Args) -> CliResult {
         for &d in &args.depth {
             for &p in args.n_prompt.iter().filter(|&&p| p > 0) {
                 let mut at = Depth::fill(model, t, 1, d, p, p, args.cache_type)?;
-                let samples = repeat(args.reps, || prompt_speed(&mut at, p))?;
-                emit(format!("pp{p}"), d, t, 1, samples)?;
+                let kinds = variants(adapters, 1);
+                let samples = repeat_each(args.reps, kinds.len(), |k| prompt_speed(&mut at, p, kinds[k]))?;
+                for (mixes, samples) in kinds.iter().zip(samples) {
+                    emit(format!("pp{p}"), d, t, 1, mixes.len(), samples)?;
+                }
             }
             for &n in args.n_gen.iter().filter(|&&n| n > 0) {
                 for &b in args.batch.iter().filter(|&&b| b > 0) {
                     let mut at = Depth::fill(model, t, b, d, n.saturating_add(1), b, args.cache_type)?;
-                    let samples = repeat(args.reps, || gen_speed(&mut at, n))?;
-                    emit(format!("tg{n}"), d, t, b, samples)?;
+                    let kinds = variants(adapters, b);
+                    let samples = repeat_each(args.reps, kinds.len(), |k| gen_speed(&mut at, n, kinds[k]))?;
+                    for (mixes, samples) in kinds.iter().zip(samples) {
+                        emit(format!("tg{n}"), d, t, b, mixes.len(), samples)?;
+                    }
                 }
             }
         }
     }
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&rows)?)?;
+    }
+    for line in lora::ratios(&rows) {
+        if args.json {
+            eprintln!("{line}");
+        } else {
+            outln!("{line}")?;
+        }
     }
     if args.bandwidth {
         // The thread counts that ran, which a tensor-parallel placement may have raised.
@@ -207,10 +251,27 @@ fn accounting(model: &Model) -> Vec<String> {
     }
 }
 
-/// One warm-up, then `reps` measured runs.
-fn repeat(reps: usize, mut f: impl FnMut() -> CliResult<f64>) -> CliResult<Vec<f64>> {
-    f()?;
-    (0..reps.max(1)).map(|_| f()).collect()
+/// The adapter lists a test of `seqs` sequences runs with: none (the base model), then,
+/// with `--lora`, one adapter per sequence up to all of them.
+fn variants(adapters: Option<&Adapters>, seqs: usize) -> Vec<&[Arc<LoraMix>]> {
+    let mut out: Vec<&[Arc<LoraMix>]> = vec![&[]];
+    out.extend(adapters.map(|a| a.for_seqs(seqs)));
+    out
+}
+
+/// `kinds` variants of a test: one warm-up of each, then `reps` rounds that measure each
+/// in turn. The samples of each variant.
+fn repeat_each(reps: usize, kinds: usize, mut f: impl FnMut(usize) -> CliResult<f64>) -> CliResult<Vec<Vec<f64>>> {
+    for k in 0..kinds {
+        f(k)?;
+    }
+    let mut samples = vec![Vec::with_capacity(reps.max(1)); kinds];
+    for _ in 0..reps.max(1) {
+        for (k, s) in samples.iter_mut().enumerate() {
+            s.push(f(k)?);
+        }
+    }
+    Ok(samples)
 }
 
 fn mean_sd(x: &[f64]) -> (f64, f64) {
@@ -270,22 +331,24 @@ impl<'m> Depth<'m> {
     }
 }
 
-/// Tokens per second evaluating an `n`-token prompt in one step, after the depth.
-fn prompt_speed(at: &mut Depth, n: usize) -> CliResult<f64> {
+/// Tokens per second evaluating an `n`-token prompt in one step, after the depth (with
+/// the first of `adapters`, if any).
+fn prompt_speed(at: &mut Depth, n: usize, adapters: &[Arc<LoraMix>]) -> CliResult<f64> {
     at.rewind()?;
     let (seq, depth) = (at.seqs[0], at.depth);
     let rows: Vec<StepRow> = random_tokens(at.runner.model(), n, 1)
         .into_iter()
         .enumerate()
-        .map(|(i, token)| StepRow::prompt(token, depth + i, seq).with_logits(i + 1 == n))
+        .map(|(i, token)| StepRow::prompt(token, depth + i, seq).with_logits(i + 1 == n).with_adapter(lora::slot(0, adapters)))
         .collect();
     let start = Instant::now();
-    at.runner.run(&rows)?;
+    at.runner.run_with(&rows, adapters)?;
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
-/// Aggregate tokens per second generating `n` tokens in each sequence, after the depth.
-fn gen_speed(at: &mut Depth, n: usize) -> CliResult<f64> {
+/// Aggregate tokens per second generating `n` tokens in each sequence, after the depth;
+/// sequence `i` runs with adapter `i % adapters.len()`, if any.
+fn gen_speed(at: &mut Depth, n: usize, adapters: &[Arc<LoraMix>]) -> CliResult<f64> {
     at.rewind()?;
     let batch = at.seqs.len();
     let mut tokens = random_tokens(at.runner.model(), batch, 2);
@@ -294,8 +357,8 @@ fn gen_speed(at: &mut Depth, n: usize) -> CliResult<f64> {
     for i in 0..n {
         let pos = at.depth + i;
         rows.clear();
-        rows.extend(at.seqs.iter().zip(&tokens).map(|(&seq, &token)| StepRow::decode(token, pos, seq)));
-        at.runner.run(&rows)?;
+        rows.extend(at.seqs.iter().zip(&tokens).enumerate().map(|(s, (&seq, &token))| StepRow::decode(token, pos, seq).with_adapter(lora::slot(s, adapters))));
+        at.runner.run_with(&rows, adapters)?;
         for (i, t) in tokens.iter_mut().enumerate() {
             *t = blink_engine::sampling::argmax(at.runner.scratch().logits(i));
         }
@@ -318,7 +381,7 @@ fn report_bandwidth(model: &Model, threads: &[usize], rows: &[Row], json: bool) 
         } else {
             outln!("{out}")?;
         }
-        for r in rows.iter().filter(|r| r.threads == t && r.batch == 1 && r.test.starts_with("tg")) {
+        for r in rows.iter().filter(|r| r.threads == t && r.batch == 1 && r.loras == 0 && r.test.starts_with("tg")) {
             let line = format!("  {} at {t} thread(s): {:.0} tok/s = {:.0}% of the bound", r.test, r.tok_s, 100.0 * r.tok_s / bound);
             if json {
                 eprintln!("{line}");
