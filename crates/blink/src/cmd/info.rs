@@ -13,6 +13,9 @@ pub struct Args {
     /// Also list every metadata key (long arrays abbreviated).
     #[arg(long)]
     metadata: bool,
+    /// Also describe these adapters as placed on the model: rank, targets and memory.
+    #[command(flatten)]
+    lora: crate::lora_args::LoraArgs,
 }
 
 /// llama.cpp's names for `general.file_type`.
@@ -112,6 +115,26 @@ pub fn main(args: Args) -> CliResult {
     outln!("numa topology:   {} node(s)", topology.n_nodes())?;
     for line in topology.to_string().lines() {
         outln!("  {line}")?;
+    }
+    for (path, scale) in args.lora.adapters()? {
+        let err = |e: blink_model::lora::LoraError| format!("--lora {}: {e}", path.display());
+        let tensors = blink_model::lora::read(&path, cfg).map_err(err)?;
+        let placed = m.place_lora(&tensors).map_err(err)?;
+        let targets: Vec<&str> = tensors.targets().iter().map(|t| t.short_name()).collect();
+        outln!(
+            "adapter:         {} ({}), rank {}, alpha {}, scale {scale}, targets {}, {:.1} MB of tensors, {:.1} MB held over {} part(s)",
+            path.display(),
+            match tensors.format {
+                blink_model::lora::LoraFormat::Peft => "PEFT",
+                blink_model::lora::LoraFormat::Gguf => "llama.cpp GGUF",
+            },
+            placed.max_rank(),
+            placed.alpha(),
+            targets.join(","),
+            placed.tensor_bytes() as f64 / 1e6,
+            placed.held_bytes() as f64 / 1e6,
+            m.parts.len()
+        )?;
     }
     if args.metadata {
         outln!("metadata:")?;
