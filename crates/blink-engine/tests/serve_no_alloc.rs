@@ -1,15 +1,17 @@
 //! The serving engine's steady state allocates nothing: once a batch of requests is
 //! decoding, whole steps (planning, the forward pass, sampling, sending each token) make
 //! no heap allocation (a request asking for log-probabilities gets a list of them per
-//! token, which does). Checked with a counting global allocator, which counts every
-//! thread: this file holds one test, so nothing else runs beside it.
+//! token, which does), with or without adapters. Checked with a counting global allocator,
+//! which counts every thread: this file holds one test, so nothing else runs beside it.
 
 mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use blink_engine::serve::{Engine, Submission};
+use blink_model::lora::LoraMix;
 use support::{config, greedy, model, next_is_token};
 
 struct Counting;
@@ -51,24 +53,39 @@ fn take_tokens(subs: &mut [Submission], n: usize) {
     }
 }
 
-#[test]
-fn decoding_steps_of_a_batch_do_not_allocate() {
-    let (model, tok) = model();
+/// Four long requests decoding together, each under `adapters[i % len]` (`None`: base):
+/// no heap allocation on any thread over 200 of their steps, after a warm-up.
+fn decoding_allocates_nothing(adapters: &[Option<Arc<LoraMix>>], model: Arc<blink_model::Model>, tok: &blink_text::Tokenizer) {
     let engine = Engine::start(model, tok.eog_ids().to_vec(), config()).unwrap();
     let prompts = ["Tell me a long story about a dragon.", "List the planets.", "Write a poem about rain.", "Explain tides."];
     let mut subs: Vec<Submission> = prompts
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(i, p)| {
             let mut request = greedy(tok.encode(p, false, true), 400);
             request.ignore_eos = true;
+            request.adapter = adapters[i % adapters.len()].clone();
             engine.submit(request).unwrap()
         })
         .collect();
     // Warm up: every request admitted, prompts done, channels and buffers at size.
     take_tokens(&mut subs, 60);
+    ALLOCS.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     take_tokens(&mut subs, 200);
     COUNTING.store(false, Ordering::SeqCst);
     let allocs = ALLOCS.load(Ordering::SeqCst);
     assert_eq!(allocs, 0, "{allocs} allocations over 200 steps of 4 sequences; the first of {} bytes", FIRST_SIZE.load(Ordering::SeqCst));
+}
+
+/// One test, so nothing else runs beside the counting (the harness's own messages
+/// included): the base model's batch first, then a batch over two adapters and the base.
+#[test]
+fn decoding_steps_of_a_batch_do_not_allocate_with_or_without_adapters() {
+    let (model, tok) = model();
+    decoding_allocates_nothing(&[None], model.clone(), &tok);
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden/lora");
+    let r8 = Arc::new(LoraMix::single(Arc::new(model.load_lora(&golden.join("adapter-r8")).unwrap())));
+    let r4 = Arc::new(LoraMix::single(Arc::new(model.load_lora(&golden.join("adapter-r4-qv")).unwrap())));
+    decoding_allocates_nothing(&[Some(r8), None, Some(r4)], model, &tok);
 }
