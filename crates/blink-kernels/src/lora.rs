@@ -69,24 +69,43 @@ fn shrink_body(a: &[f32], x: &[f32], t: &mut [f32]) {
     }
 }
 
+/// Output columns `expand` takes at once: four vectors of independent chains, held in
+/// registers for the whole pass over the rank.
+const EXPAND_BLOCK: usize = 4 * LANES;
+
 #[inline(always)]
 fn expand_body(bt: &[f32], ld: usize, t: &[f32], scale: f32, y: &mut [f32]) {
     let n = y.len();
     assert!(t.is_empty() || bt.len() >= (t.len() - 1) * ld + n, "Bᵀ is too short for {} rows of stride {ld}", t.len());
     let mut o = 0;
-    while o < n {
-        let lanes = LANES.min(n - o);
-        let mut acc = [0f32; LANES];
-        for (j, &tj) in t.iter().enumerate() {
-            let b = &bt[j * ld + o..j * ld + o + lanes];
-            for l in 0..lanes {
-                acc[l] = b[l].mul_add(tj, acc[l]);
-            }
+    // Each output is its own fused chain over the rank, in rank order, whatever the block,
+    // so full blocks (fixed width, kept in registers) and the tail give the same bits.
+    while o + EXPAND_BLOCK <= n {
+        expand_columns::<EXPAND_BLOCK>(bt, ld, t, scale, &mut y[o..o + EXPAND_BLOCK], o);
+        o += EXPAND_BLOCK;
+    }
+    while o + LANES <= n {
+        expand_columns::<LANES>(bt, ld, t, scale, &mut y[o..o + LANES], o);
+        o += LANES;
+    }
+    for (k, y) in y[o..].iter_mut().enumerate() {
+        let acc = t.iter().enumerate().fold(0f32, |acc, (j, &tj)| bt[j * ld + o + k].mul_add(tj, acc));
+        *y += scale * acc;
+    }
+}
+
+/// `expand` over the `W` columns starting at `o`.
+#[inline(always)]
+fn expand_columns<const W: usize>(bt: &[f32], ld: usize, t: &[f32], scale: f32, y: &mut [f32], o: usize) {
+    let mut acc = [0f32; W];
+    for (j, &tj) in t.iter().enumerate() {
+        let b: &[f32; W] = bt[j * ld + o..j * ld + o + W].try_into().expect("W columns");
+        for l in 0..W {
+            acc[l] = b[l].mul_add(tj, acc[l]);
         }
-        for (y, acc) in y[o..o + lanes].iter_mut().zip(acc) {
-            *y += scale * acc;
-        }
-        o += lanes;
+    }
+    for (y, acc) in y.iter_mut().zip(acc) {
+        *y += scale * acc;
     }
 }
 
@@ -178,13 +197,15 @@ mod tests {
 
     #[test]
     fn expand_is_one_fused_chain_per_output() {
-        let (rank, ld, n) = (8, 100, 37);
-        let (bt, t, y0) = (values(rank * ld, 3), values(rank, 4), values(n, 5));
-        let mut y = y0.clone();
-        expand(Isa::Scalar, &bt[5..], ld, &t, 2.0, &mut y);
-        for o in 0..n {
-            let acc = (0..rank).fold(0f32, |acc, j| bt[5 + j * ld + o].mul_add(t[j], acc));
-            assert_eq!(y[o].to_bits(), (y0[o] + 2.0 * acc).to_bits(), "output {o}");
+        // A tail only, vectors and a tail, and full blocks, vectors and a tail.
+        for (rank, ld, n) in [(8, 100, 37), (8, 200, 150), (3, 70, 64)] {
+            let (bt, t, y0) = (values(rank * ld, 3), values(rank, 4), values(n, 5));
+            let mut y = y0.clone();
+            expand(Isa::Scalar, &bt[5..], ld, &t, 2.0, &mut y);
+            for o in 0..n {
+                let acc = (0..rank).fold(0f32, |acc, j| bt[5 + j * ld + o].mul_add(t[j], acc));
+                assert_eq!(y[o].to_bits(), (y0[o] + 2.0 * acc).to_bits(), "output {o} of {n}");
+            }
         }
     }
 

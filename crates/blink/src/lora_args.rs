@@ -17,22 +17,30 @@ pub struct LoraArgs {
     #[arg(long = "lora", value_name = "PATH")]
     pub lora: Vec<PathBuf>,
     /// A LoRA adapter at SCALE; repeatable.
-    #[arg(long = "lora-scaled", num_args = 2, value_names = ["PATH", "SCALE"], allow_negative_numbers = true)]
+    #[arg(long = "lora-scaled", num_args = 2, value_names = ["PATH", "SCALE"], allow_hyphen_values = true)]
     pub lora_scaled: Vec<String>,
+}
+
+/// `--lora-scaled`'s values, read in pairs: a path and a finite scale.
+pub fn parse_scaled(values: &[String]) -> CliResult<Vec<(PathBuf, f32)>> {
+    values
+        .chunks(2)
+        .map(|pair| {
+            let [path, scale] = pair else { return Err("--lora-scaled takes a path and a scale".into()) };
+            let value: f32 = scale.parse().map_err(|_| format!("--lora-scaled {path}: the scale '{scale}' is not a number"))?;
+            if !value.is_finite() {
+                return Err(format!("--lora-scaled {path}: the scale must be finite, not {scale}").into());
+            }
+            Ok((PathBuf::from(path), value))
+        })
+        .collect()
 }
 
 impl LoraArgs {
     /// The adapters and their scales, in the order given (`--lora` first).
     pub fn adapters(&self) -> CliResult<Vec<(PathBuf, f32)>> {
         let mut out: Vec<(PathBuf, f32)> = self.lora.iter().map(|p| (p.clone(), 1.0)).collect();
-        for pair in self.lora_scaled.chunks(2) {
-            let [path, scale] = pair else { return Err("--lora-scaled takes a path and a scale".into()) };
-            let value: f32 = scale.parse().map_err(|_| format!("--lora-scaled {path}: the scale '{scale}' is not a number"))?;
-            if !value.is_finite() {
-                return Err(format!("--lora-scaled {path}: the scale must be finite, not {scale}").into());
-            }
-            out.push((PathBuf::from(path), value));
-        }
+        out.extend(parse_scaled(&self.lora_scaled)?);
         Ok(out)
     }
 

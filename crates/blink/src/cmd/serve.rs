@@ -89,7 +89,7 @@ pub struct ServerLoraArgs {
     #[arg(long = "lora", value_name = "NAME=PATH")]
     pub lora: Vec<String>,
     /// As llama.cpp's server: an adapter applied at SCALE to requests that pick no adapter.
-    #[arg(long = "lora-scaled", num_args = 2, value_names = ["PATH", "SCALE"], allow_negative_numbers = true)]
+    #[arg(long = "lora-scaled", num_args = 2, value_names = ["PATH", "SCALE"], allow_hyphen_values = true)]
     pub lora_scaled: Vec<String>,
     /// Allow run-time loads (`POST /v1/load_lora_adapter`) of adapters inside DIR only
     /// (default: no run-time loading).
@@ -117,11 +117,8 @@ impl ServerLoraArgs {
                 }
             }
         }
-        for pair in self.lora_scaled.chunks(2) {
-            let [path, scale] = pair else { return Err("--lora-scaled takes a path and a scale".into()) };
-            let value: f32 = scale.parse().map_err(|_| format!("--lora-scaled {path}: the scale '{scale}' is not a number"))?;
-            let path = std::path::PathBuf::from(path);
-            preload.push((blink_server::adapters::default_name(&path), path, value));
+        for (path, scale) in crate::lora_args::parse_scaled(&self.lora_scaled)? {
+            preload.push((blink_server::adapters::default_name(&path), path, scale));
         }
         if self.max_loras == 0 {
             return Err("--max-loras must be at least 1".into());
