@@ -300,7 +300,7 @@ impl Registry {
             rank: weights.max_rank(),
             alpha: weights.alpha(),
             resident: true,
-            created: crate::routes::unix_now(),
+            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         };
         self.next_id += 1;
         self.clock += 1;
