@@ -7,8 +7,6 @@
 
 mod support;
 
-use std::process::Command;
-
 use blink_server::AdapterOptions;
 use serde_json::json;
 use support::*;
@@ -19,19 +17,8 @@ fn lora_server(dir: &std::path::Path, max_resident: Option<usize>, placement: Op
 }
 
 fn run_script(server: &TestServer, dir: &std::path::Path) {
-    let script = repo_root().join("tests/python/test_lora.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg("--base-url")
-        .arg(format!("{}/v1", server.url))
-        .arg("--lora-dir")
-        .arg(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run python3 {}: {e}", script.display()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{} failed ({}):\n{stdout}\n{stderr}", script.display(), out.status);
-    println!("{stdout}");
+    let url = format!("{}/v1", server.url);
+    run_python("test_lora.py", &["--base-url".as_ref(), url.as_ref(), "--lora-dir".as_ref(), dir.as_os_str()]);
 }
 
 #[test]

@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::process::Command;
-
 use support::*;
 
 #[test]
@@ -23,15 +21,6 @@ fn official_openai_python_client_passes_with_two_numa_nodes() {
 }
 
 fn run_script(server: &TestServer) {
-    let script = repo_root().join("tests/python/test_openai.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg("--base-url")
-        .arg(format!("{}/v1", server.url))
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run python3 {}: {e}", script.display()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{} failed ({}):\n{stdout}\n{stderr}", script.display(), out.status);
-    println!("{stdout}");
+    let url = format!("{}/v1", server.url);
+    run_python("test_openai.py", &["--base-url".as_ref(), url.as_ref()]);
 }

@@ -132,3 +132,18 @@ pub fn metric(server: &TestServer, name: &str) -> f64 {
     let text = block_on(server.client().get("/metrics")).expect("GET /metrics").text();
     blink_server::metrics::sample(&text, name).unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
+
+/// Run the Python script `tests/python/NAME` with `args`, failing with its output unless it
+/// succeeds; its report is printed.
+pub fn run_python(name: &str, args: &[&std::ffi::OsStr]) {
+    let script = repo_root().join("tests/python").join(name);
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{} failed ({}):\n{stdout}\n{stderr}", script.display(), out.status);
+    println!("{stdout}");
+}
