@@ -20,7 +20,6 @@ import os
 import struct
 import sys
 import threading
-import traceback
 import urllib.error
 import urllib.request
 
@@ -31,6 +30,8 @@ except ImportError:
     print("FAIL: the Python package 'openai' is not installed; run "
           "`python3 -m pip install -r requirements-test.txt` (scripts/test.sh does)", file=sys.stderr)
     sys.exit(2)
+
+from checks import run_checks  # noqa: E402 - beside this script
 
 CHECKS = []
 PROMPT = "Once upon a time, there was a little"
@@ -325,18 +326,7 @@ def main():
     ap.add_argument("--lora-dir", required=True)
     args = ap.parse_args()
     CTX = Ctx(args.base_url, args.lora_dir)
-    passed = failed = 0
-    for fn in CHECKS:
-        try:
-            fn(CTX)
-            passed += 1
-            print(f"PASS {fn.__name__}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {fn.__name__}", flush=True)
-            traceback.print_exc(file=sys.stdout)
-    print(f"lora (openai {openai.__version__}): {passed} passed, {failed} failed", flush=True)
-    sys.exit(1 if failed else 0)
+    run_checks(CHECKS, CTX, f"lora (openai {openai.__version__})")
 
 
 if __name__ == "__main__":

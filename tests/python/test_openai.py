@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 
 try:
     import openai
@@ -23,6 +22,8 @@ except ImportError:
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 GOLDEN = os.path.join(ROOT, "testdata", "golden", "smollm2-135m-instruct-q4_1.json")
+
+from checks import run_checks  # noqa: E402 - beside this script
 
 CHECKS = []
 
@@ -222,18 +223,7 @@ def main():
     ap.add_argument("--api-key", default="none")
     args = ap.parse_args()
     client = OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=300)
-    passed = failed = 0
-    for fn in CHECKS:
-        try:
-            fn(client)
-            passed += 1
-            print(f"PASS {fn.__name__}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {fn.__name__}", flush=True)
-            traceback.print_exc(file=sys.stdout)
-    print(f"openai client (openai {openai.__version__}): {passed} passed, {failed} failed", flush=True)
-    sys.exit(1 if failed else 0)
+    run_checks(CHECKS, client, f"openai client (openai {openai.__version__})")
 
 
 if __name__ == "__main__":
