@@ -97,7 +97,7 @@ impl Adapters {
             if !scale.is_finite() {
                 return Err(format!("--lora {name}: the scale must be finite, not {scale}"));
             }
-            let weights = adapters.model.load_lora(path).map_err(|e| format!("--lora {}: {e}", path.display()))?;
+            let weights = adapters.model.load_lora(path).map_err(|e| format!("--lora {}", e.about(path)))?;
             let mut reg = adapters.lock();
             if reg.entries.iter().any(|e| &e.info.name == name) {
                 return Err(format!("--lora {name}: the name is given twice"));
@@ -128,11 +128,12 @@ impl Adapters {
             if !inplace {
                 return Err(ApiError::param("lora_name", format!("the adapter '{name}' is already loaded; pass load_inplace to replace it")));
             }
-            // Requests in flight keep the old weights through their Arc.
-            let scale = reg.entries[i].info.scale;
-            reg.entries.remove(i);
-            reg.make_room(self.max_resident)?;
-            return Ok(reg.insert(name.to_owned(), path, scale, weights));
+            // Requests in flight keep the old weights through their Arc. The adapter keeps
+            // its id, place and scale, so llama.cpp-style `lora` lists still name it.
+            if reg.entries[i].weights.is_none() {
+                reg.make_room(self.max_resident)?;
+            }
+            return Ok(reg.replace(i, path, weights));
         }
         reg.make_room(self.max_resident)?;
         Ok(reg.insert(name.to_owned(), path, 0.0, weights))
@@ -233,12 +234,13 @@ impl Adapters {
     /// Read and place an adapter on a blocking thread.
     async fn read(&self, path: PathBuf) -> Result<LoraAdapter, ApiError> {
         let model = self.model.clone();
-        let shown = path.display().to_string();
+        let given = path.clone();
         let result = tokio::task::spawn_blocking(move || model.load_lora(&path)).await;
+        let shown = given.display();
         match result {
             Ok(Ok(w)) => Ok(w),
             Ok(Err(LoraError::Memory(e))) => Err(ApiError::busy(format!("the adapter {shown} does not fit in memory: {e}"))),
-            Ok(Err(e)) => Err(ApiError::param("lora_path", format!("{shown}: {e}"))),
+            Ok(Err(e)) => Err(ApiError::param("lora_path", e.about(&given))),
             Err(e) => Err(ApiError::internal(format!("reading the adapter {shown} failed: {e}"))),
         }
     }
@@ -292,21 +294,25 @@ impl Registry {
     }
 
     fn insert(&mut self, name: String, path: PathBuf, scale: f32, weights: LoraAdapter) -> AdapterInfo {
-        let info = AdapterInfo {
-            id: self.next_id,
-            name,
-            path,
-            scale,
-            rank: weights.max_rank(),
-            alpha: weights.alpha(),
-            resident: true,
-            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        };
+        let info = AdapterInfo { id: self.next_id, name, path: path.clone(), scale, rank: 0, alpha: 0.0, resident: false, created: 0 };
         self.next_id += 1;
+        self.entries.push(Entry { info, weights: None, last_used: 0 });
+        self.replace(self.entries.len() - 1, path, weights)
+    }
+
+    /// Entry `i` now serves `weights`, read from `path` (its id, name and scale stay).
+    fn replace(&mut self, i: usize, path: PathBuf, weights: LoraAdapter) -> AdapterInfo {
         self.clock += 1;
         self.loads += 1;
-        self.entries.push(Entry { info: info.clone(), weights: Some(Arc::new(weights)), last_used: self.clock });
-        info
+        let e = &mut self.entries[i];
+        e.info.path = path;
+        e.info.rank = weights.max_rank();
+        e.info.alpha = weights.alpha();
+        e.info.resident = true;
+        e.info.created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        e.weights = Some(Arc::new(weights));
+        e.last_used = self.clock;
+        e.info.clone()
     }
 
     /// Evict least recently used idle adapters (held by no request) until one more fits;

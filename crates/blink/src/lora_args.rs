@@ -53,7 +53,7 @@ impl LoraArgs {
         }
         let mut mix = Vec::with_capacity(wanted.len());
         for (path, scale) in wanted {
-            let adapter = model.load_lora(&path).map_err(|e| format!("--lora {}: {e}", path.display()))?;
+            let adapter = model.load_lora(&path).map_err(|e| format!("--lora {}", e.about(&path)))?;
             eprintln!(
                 "blink: adapter {}: rank {}, alpha {}, scale {scale}, {:.1} MB",
                 path.display(),

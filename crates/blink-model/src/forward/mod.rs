@@ -231,12 +231,12 @@ impl Model {
         scratch.lora_rows.clear();
         scratch.lora_groups.clear();
         let mixes = step.adapters;
-        let mut max_rank = 0;
+        let mut stacked_rank = 0;
         for (slot, mix) in mixes.iter().enumerate() {
             if mix.adapters().iter().any(|(a, _)| !a.fits(self)) {
                 return Err(ForwardError::AdapterMismatch { slot });
             }
-            max_rank = max_rank.max(mix.max_rank());
+            stacked_rank = stacked_rank.max(mix.stacked_rank());
         }
         for (i, r) in step.rows.iter().enumerate() {
             if let Some(AdapterSlot(slot)) = r.adapter {
@@ -261,6 +261,6 @@ impl Model {
                 start = k;
             }
         }
-        scratch.reserve_lora(self, max_rank).map_err(|_| ForwardError::AdapterMemory { bytes: max_rank * scratch.n_threads() * 4 })
+        scratch.reserve_lora(self, stacked_rank).map_err(|bytes| ForwardError::AdapterMemory { bytes })
     }
 }

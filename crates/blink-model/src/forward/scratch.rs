@@ -7,6 +7,9 @@ use blink_runtime::storage::Storage;
 use crate::kv_cache::TableSnapshot;
 use crate::{Model, ModelError};
 
+/// Products of one projection that adapters may target (q, k and v share an input).
+pub(super) const LORA_PRODUCTS: usize = 3;
+
 /// One part's buffers. Activations are full width in every part: a part computes its own
 /// columns and copies them to the other parts, which then read only local memory.
 pub(super) struct PartScratch {
@@ -26,8 +29,8 @@ pub(super) struct PartScratch {
     pub rope: Storage<f32>,
     /// Per-thread rounded query head, `[threads][head_dim]`.
     pub qh: Storage<f32>,
-    /// Per-thread adapter activations of one row and pair, `[threads][lora_stride]`
-    /// (grown when a step's adapters have a larger rank than any before).
+    /// Adapter activations `t = A·x` of the step's adapter rows, `[rows][LORA_PRODUCTS]
+    /// [lora_stride]` (grown when a step's mixes stack more rank than any before).
     pub lora_t: Storage<f32>,
 }
 
@@ -51,7 +54,7 @@ pub struct Scratch {
     pub(super) lora_rows: Vec<usize>,
     /// `(slot, range of lora_rows)` of each slot used (filled per step).
     pub(super) lora_groups: Vec<(usize, std::ops::Range<usize>)>,
-    /// The room for one pair's activations of a row (the largest rank so far).
+    /// The room for a row's activations of one product (the most rank a mix stacked so far).
     pub(super) lora_stride: usize,
 }
 
@@ -126,15 +129,17 @@ impl Scratch {
         })
     }
 
-    /// Make room for adapters of rank up to `rank` (a no-op once there is).
-    pub(super) fn reserve_lora(&mut self, model: &Model, rank: usize) -> Result<(), ModelError> {
+    /// Make room for mixes stacking up to `rank` (a no-op once there is); on failure, the
+    /// bytes per part it asked for.
+    pub(super) fn reserve_lora(&mut self, model: &Model, rank: usize) -> Result<(), usize> {
         if rank <= self.lora_stride {
             return Ok(());
         }
+        let len = self.max_rows.checked_mul(LORA_PRODUCTS * rank).ok_or(usize::MAX)?;
         let placement = model.placement();
         for (node, part) in self.parts.iter_mut().enumerate() {
             let home = placement.numa.then_some((&placement.topology, node));
-            part.lora_t = Storage::<f32>::zeroed(self.n_threads * rank, home).map_err(ModelError::Memory)?;
+            part.lora_t = Storage::<f32>::zeroed(len, home).map_err(|_| len.saturating_mul(4))?;
         }
         self.lora_stride = rank;
         Ok(())

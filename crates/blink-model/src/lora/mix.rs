@@ -33,9 +33,10 @@ impl LoraMix {
         self.adapters.is_empty()
     }
 
-    /// The largest rank of any of its pairs.
-    pub fn max_rank(&self) -> usize {
-        self.adapters.iter().map(|(a, _)| a.max_rank()).max().unwrap_or(0)
+    /// The sum of its adapters' largest ranks: room for a row's activations of all its
+    /// pairs on one projection.
+    pub fn stacked_rank(&self) -> usize {
+        self.adapters.iter().map(|(a, _)| a.max_rank()).sum()
     }
 
     /// Whether the two apply the same adapters (the same placements) at the same scales.

@@ -57,6 +57,7 @@ pub fn main(args: Args) -> CliResult {
     let file = m.file();
     let cfg = &m.cfg;
     let tok = &loaded.tokenizer;
+    let adapters = describe_adapters(&args.lora, m)?;
 
     let mut types: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
     let mut params = 0u64;
@@ -116,12 +117,28 @@ pub fn main(args: Args) -> CliResult {
     for line in topology.to_string().lines() {
         outln!("  {line}")?;
     }
-    for (path, scale) in args.lora.adapters()? {
-        let err = |e: blink_model::lora::LoraError| format!("--lora {}: {e}", path.display());
-        let tensors = blink_model::lora::read(&path, cfg).map_err(err)?;
+    for line in &adapters {
+        outln!("{line}")?;
+    }
+    if args.metadata {
+        outln!("metadata:")?;
+        for (k, v) in file.metadata() {
+            outln!("  {k} = {v}")?;
+        }
+    }
+    Ok(())
+}
+
+/// A line per `--lora` adapter as placed on `m`, or the first one's error: read before any
+/// line is printed, so a bad adapter is the whole output.
+fn describe_adapters(args: &crate::lora_args::LoraArgs, m: &blink_model::Model) -> CliResult<Vec<String>> {
+    let mut lines = Vec::new();
+    for (path, scale) in args.adapters()? {
+        let err = |e: blink_model::lora::LoraError| format!("--lora {}", e.about(&path));
+        let tensors = blink_model::lora::read(&path, &m.cfg).map_err(err)?;
         let placed = m.place_lora(&tensors).map_err(err)?;
         let targets: Vec<&str> = tensors.targets().iter().map(|t| t.short_name()).collect();
-        outln!(
+        lines.push(format!(
             "adapter:         {} ({}), rank {}, alpha {}, scale {scale}, targets {}, {:.1} MB of tensors, {:.1} MB held over {} part(s)",
             path.display(),
             match tensors.format {
@@ -134,15 +151,9 @@ pub fn main(args: Args) -> CliResult {
             placed.tensor_bytes() as f64 / 1e6,
             placed.held_bytes() as f64 / 1e6,
             m.parts.len()
-        )?;
+        ));
     }
-    if args.metadata {
-        outln!("metadata:")?;
-        for (k, v) in file.metadata() {
-            outln!("  {k} = {v}")?;
-        }
-    }
-    Ok(())
+    Ok(lines)
 }
 
 fn id_or_none(id: Option<u32>) -> String {

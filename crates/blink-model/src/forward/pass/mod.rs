@@ -28,7 +28,7 @@ use blink_kernels::ops;
 use blink_kernels::order::{self, DotOrder};
 use blink_runtime::pool::SharedMut;
 
-use super::scratch::PartScratch;
+use super::scratch::{PartScratch, LORA_PRODUCTS};
 use super::{Scratch, Step, StepInput, StepOutput, StepRow};
 use crate::kv_cache::{KvData, KvElem, KvShard, KvStore, TableSnapshot};
 use crate::lora::LoraMix;
@@ -76,6 +76,8 @@ pub(super) struct Pass<'a, T: KvElem> {
     adapters: &'a [Arc<LoraMix>],
     lora_rows: &'a [usize],
     lora_groups: &'a [(usize, Range<usize>)],
+    /// Columns of one product's activations in a row of `lora_t`.
+    lora_stride: usize,
     isa: Isa,
     order: DotOrder,
 }
@@ -109,7 +111,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                     act: SharedMut::new(&mut ps.act),
                     rope: Buf::new(&mut ps.rope, cfg.rope.n_dims),
                     qh: Buf::new(&mut ps.qh, cfg.head_dim),
-                    lora_t: Buf::new(&mut ps.lora_t, s.lora_stride),
+                    lora_t: Buf::new(&mut ps.lora_t, LORA_PRODUCTS * s.lora_stride),
                     kc: SharedMut::new(&mut store.k),
                     vc: SharedMut::new(&mut store.v),
                     layout,
@@ -131,6 +133,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             adapters: step.adapters,
             lora_rows: &s.lora_rows,
             lora_groups: &s.lora_groups,
+            lora_stride: s.lora_stride,
             isa: cpu::active(),
             order: order::active(),
         }
@@ -189,11 +192,6 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         // With `StepOutput::Hidden` the residual stream, whole in every part, is the output.
         let n_logits = self.logit_rows.len();
         if self.output == StepOutput::Logits && n_logits > 0 {
-            if !split && !self.lora_rows.is_empty() {
-                // The adapters' deltas of the last layer were added by row; the LM head's
-                // rows are split differently.
-                w.group_barrier();
-            }
             self.norm_rows(w, me, &me.w.output_norm, n_logits, |i| self.logit_rows[i]);
             let vr = me.part.vocab_rows.start;
             self.project(w, me, &me.xn, self.model.cfg.n_embd, n_logits, &[(&me.w.output, &self.logits, vr, Write::Set, None)]);

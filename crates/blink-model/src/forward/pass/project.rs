@@ -1,7 +1,7 @@
 //! The one door every projection goes through: `Pass::project` quantizes the input rows
 //! to the activation format of each matrix and runs the product over the rows the node's
-//! threads claim; then the adapters add their `scale · B(A·x)` to the rows that have one
-//! (`lora`), and nowhere else.
+//! threads claim; the adapters add their `scale · B(A·x)` to the rows that have one
+//! (`lora`), inside the same phases, and nowhere else.
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{self, ActRows};
@@ -19,16 +19,22 @@ pub(super) type Product<'p, 'a> = (&'p Matrix, &'p Buf<'a>, usize, Write, Option
 
 /// Weight bytes per activation row a claimed chunk of a projection covers at least.
 const CHUNK_BYTES: usize = 64 << 10;
+/// Output columns a claimed chunk covers at least when adapters add to it: enough that
+/// the expand's calls over a big batch's rows and pairs stay few and wide.
+const DELTA_CHUNK: usize = 128;
 
 impl<T: StoreOf> Pass<'_, T> {
     /// Multiply `count` rows of `input` (width `cols`) by each of the part's matrices,
     /// writing or adding the results at a column offset of its output. Activations are
     /// quantized once per distinct format; group barriers separate quantization from the
     /// products and the products from what follows. The adapters' deltas come after that
-    /// last barrier, each row's on the thread that owns the row in the phases that follow.
+    /// adapters' shrinks run beside the first quantization, and their expands after the
+    /// base product of each chunk of columns, on the thread that computed it.
     pub(super) fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[Product]) {
+        let adapters = self.adapters_apply(outputs);
+        debug_assert!(!adapters || count == self.rows.len(), "adapters apply to the step's own rows");
         let mut quantized: Option<GgmlType> = None;
-        for &(m, out, col, mode, _) in outputs {
+        for (product, &(m, out, col, mode, site)) in outputs.iter().enumerate() {
             let mat = m.mat_ref();
             let act_ty = mat.activation_type();
             if quantized != Some(act_ty) {
@@ -36,6 +42,9 @@ impl<T: StoreOf> Pass<'_, T> {
                     w.group_barrier();
                 }
                 self.quantize_rows(w, me, input, cols, count, act_ty);
+                if adapters && quantized.is_none() {
+                    self.adapter_shrinks(w, me, input, cols, outputs);
+                }
                 w.group_barrier();
                 quantized = Some(act_ty);
             }
@@ -43,19 +52,26 @@ impl<T: StoreOf> Pass<'_, T> {
             // computes fewer of them; a chunk streams at least `CHUNK_BYTES` of weights
             // per activation row (shorter runs cost the hardware prefetcher its stride).
             let row_bytes = m.bytes().len() / m.rows.max(1);
-            let rows = w.claim(m.rows, gemm::ROW_ALIGN, CHUNK_BYTES / (row_bytes * count).max(1));
-            // SAFETY: act is read-only in this phase (written before the last barrier); this
-            // thread alone writes columns `col + r` of `out` for each range `r` it claims.
-            unsafe {
-                let act = ActRows { ty: act_ty, bytes: me.act.slice(0..count * self.act_stride), stride: self.act_stride, count };
-                gemm::product(self.isa, self.order, &mat, &act, rows, out.out(col, mode));
+            let with_deltas = adapters && site.is_some();
+            let min_chunk = (CHUNK_BYTES / (row_bytes * count).max(1)).max(if with_deltas { DELTA_CHUNK } else { 0 });
+            let rows = w.claim(m.rows, gemm::ROW_ALIGN, min_chunk);
+            // SAFETY: act is read-only in this phase (written before the last barrier).
+            let act = unsafe { ActRows { ty: act_ty, bytes: me.act.slice(0..count * self.act_stride), stride: self.act_stride, count } };
+            let dst = out.out(col, mode);
+            if with_deltas {
+                // Chunk by chunk, so each chunk's deltas follow its base product at once.
+                for chunk in rows {
+                    // SAFETY: this thread alone writes columns `col + chunk` of `out`.
+                    unsafe { gemm::product(self.isa, self.order, &mat, &act, std::iter::once(chunk.clone()), dst) };
+                    self.adapter_expand(w, me, product, outputs, chunk);
+                }
+            } else {
+                // SAFETY: this thread alone writes columns `col + r` of `out` for each range
+                // `r` it claims.
+                unsafe { gemm::product(self.isa, self.order, &mat, &act, rows, dst) };
             }
         }
         w.group_barrier();
-        if !self.lora_rows.is_empty() && outputs.iter().any(|o| o.4.is_some()) {
-            debug_assert_eq!(count, self.rows.len(), "adapters apply to the step's own rows");
-            self.adapter_deltas(w, me, input, cols, outputs);
-        }
     }
 
     fn quantize_rows(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, ty: GgmlType) {
