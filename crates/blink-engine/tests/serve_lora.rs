@@ -53,8 +53,10 @@ fn eight_requests_match_alone(model: Arc<Model>, tok: &Tokenizer, cfg: EngineCon
     let work: Vec<(Vec<u32>, &Option<Arc<LoraMix>>)> =
         PROMPTS.iter().enumerate().map(|(i, p)| (tok.encode(p, false, true), &mixes[(i + i / 4) % 4])).collect();
     let expected: Vec<Vec<u32>> = work.iter().map(|(p, m)| alone(&model, tok, p, m)).collect();
-    let base: Vec<u32> = alone(&model, tok, &work[3].0, &None);
-    assert_ne!(expected[3], base, "prompt 3 runs under an adapter, which must change its greedy tokens");
+    // The adapters must show in the tokens (a prompt may sit where they change nothing
+    // within 16 greedy tokens, so this asks it of several, not of one).
+    let changed = work.iter().zip(&expected).filter(|((p, m), e)| m.is_some() && alone(&model, tok, p, &None) != **e).count();
+    assert!(changed >= 3, "the adapters change the greedy tokens of only {changed} of the 6 prompts that run under one");
 
     let engine = Engine::start(model, tok.eog_ids().to_vec(), cfg).unwrap();
     let subs: Vec<_> = work.iter().map(|(p, m)| engine.submit(with_adapter(p.clone(), MAX_TOKENS, m)).unwrap()).collect();
