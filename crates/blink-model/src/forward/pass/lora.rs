@@ -28,7 +28,6 @@ use super::{Pass, StoreOf};
 use crate::forward::scratch::LORA_PRODUCTS;
 use crate::lora::{LoraMix, LoraTarget, PlacedPair};
 
-
 /// The mix's pairs for (`layer`, `target`) on `part`, each with its user scale and the
 /// offset of its activations in a row's `lora_t` block of that product.
 fn pairs_of(mix: &LoraMix, part: usize, layer: usize, target: LoraTarget) -> impl Iterator<Item = (&PlacedPair, f32, usize)> {

@@ -27,9 +27,9 @@ impl<T: StoreOf> Pass<'_, T> {
     /// Multiply `count` rows of `input` (width `cols`) by each of the part's matrices,
     /// writing or adding the results at a column offset of its output. Activations are
     /// quantized once per distinct format; group barriers separate quantization from the
-    /// products and the products from what follows. The adapters' deltas come after that
-    /// adapters' shrinks run beside the first quantization, and their expands after the
-    /// base product of each chunk of columns, on the thread that computed it.
+    /// products and the products from what follows. The adapters' shrinks run beside the
+    /// first quantization, and their expands after the base product of each chunk of
+    /// columns, on the thread that computed it.
     pub(super) fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, outputs: &[Product]) {
         let adapters = self.adapters_apply(outputs);
         debug_assert!(!adapters || count == self.rows.len(), "adapters apply to the step's own rows");
