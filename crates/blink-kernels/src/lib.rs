@@ -13,6 +13,7 @@
 
 pub mod attention;
 pub mod cpu;
+pub mod fgemm;
 pub mod gemm;
 pub mod lora;
 mod libm_expf;

@@ -12,6 +12,7 @@ pub mod kv_cache;
 pub mod lora;
 pub mod parallel;
 pub mod rope;
+pub mod train;
 pub mod weights;
 
 use std::path::Path;
