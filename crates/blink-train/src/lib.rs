@@ -1,0 +1,9 @@
+//! Blink's fine-tuning side: what `blink finetune` needs besides the model's forward pass.
+//!
+//! Owns the training data (OpenAI chat JSONL → tokenized examples with loss masks → packed
+//! batches, in a seeded order per epoch) and the optimizer (AdamW, gradient clipping, the
+//! learning-rate schedule). It reads text through blink-text and model files through
+//! blink-gguf; it computes no forward or backward pass itself.
+
+pub mod data;
+pub mod optim;

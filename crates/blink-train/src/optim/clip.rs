@@ -1,0 +1,40 @@
+//! Gradient clipping by the global L2 norm over all tensors, as `clip_grad_norm_` in
+//! PyTorch, except that a clipped gradient's norm becomes exactly the maximum (scale
+//! `max / norm`, with no added epsilon) and nothing is touched when it is already within it.
+//!
+//! The squares are summed in f64, tensor by tensor and element by element in order, so the
+//! norm does not depend on threads or chunking.
+
+use super::OptimError;
+
+/// The global L2 norm of `grads` (f64 accumulation in a fixed order).
+pub fn grad_norm<G: AsRef<[f32]>>(grads: &[G]) -> f64 {
+    let mut sum = 0f64;
+    for g in grads {
+        for &x in g.as_ref() {
+            let x = f64::from(x);
+            sum += x * x;
+        }
+    }
+    sum.sqrt()
+}
+
+/// Scales all of `grads` by `max_norm / norm` when their global norm is above `max_norm`;
+/// returns the norm before clipping. A non-finite norm is an error and leaves the
+/// gradients as they were.
+pub fn clip_grad_norm<G: AsMut<[f32]> + AsRef<[f32]>>(grads: &mut [G], max_norm: f64) -> Result<f64, OptimError> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(OptimError::Setting(format!("the maximum gradient norm is {max_norm}")));
+    }
+    let norm = grad_norm(grads);
+    if !norm.is_finite() {
+        return Err(OptimError::NonFinite(norm));
+    }
+    if norm > max_norm {
+        let scale = (max_norm / norm) as f32;
+        for g in grads.iter_mut() {
+            g.as_mut().iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+    Ok(norm)
+}
