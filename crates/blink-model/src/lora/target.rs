@@ -37,6 +37,14 @@ impl LoraTarget {
         }
     }
 
+    /// The submodule of a Hugging Face block that holds it (`self_attn` or `mlp`).
+    pub fn peft_block(self) -> &'static str {
+        match self {
+            LoraTarget::Q | LoraTarget::K | LoraTarget::V | LoraTarget::O => "self_attn",
+            LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => "mlp",
+        }
+    }
+
     /// The tensor name in a GGUF block (`attn_q`, …, `ffn_down`).
     pub fn gguf_name(self) -> &'static str {
         match self {

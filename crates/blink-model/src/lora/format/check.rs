@@ -155,15 +155,8 @@ fn check_pair(path: &Path, cfg: &ModelConfig, layout: Layout, target: LoraTarget
     check_shape(layout, b, &[rows, r])?;
     let a_values = to_f32(path, a)?;
     let mut b_values = to_f32(path, b)?;
-    if layout == Layout::Peft && cfg.rope.order == RopeOrder::Normal {
-        let heads = match target {
-            LoraTarget::Q => Some(cfg.n_head),
-            LoraTarget::K => Some(cfg.n_head_kv),
-            _ => None,
-        };
-        if let Some(n) = heads {
-            b_values = permute_rows(&b_values, rows, r, n).ok_or_else(|| format_error(path, format!("tensor '{}': {rows} rows do not split into {n} heads of rotary pairs", b.name)))?;
-        }
+    if let Some(n) = qk_heads(cfg, target).filter(|_| layout == Layout::Peft) {
+        b_values = permute_rows(&b_values, rows, r, n, RowOrder::Gguf).ok_or_else(|| format_error(path, format!("tensor '{}': {rows} rows do not split into {n} heads of rotary pairs", b.name)))?;
     }
     Ok(LoraPair { rank: r, rows, cols, a: a_values, b: b_values })
 }
@@ -195,23 +188,51 @@ fn to_f32(path: &Path, t: &Found<'_>) -> Result<Vec<f32>, LoraError> {
     Ok(values)
 }
 
-/// llama.cpp's row permutation of Q and K for its normal rope order, applied to a
-/// `[rows][cols]` matrix in Hugging Face row order with `n` heads: within each head, the
-/// first and second halves of the rows are interleaved, so row `h·d + 2j + s` of the result
-/// is row `h·d + s·d/2 + j` of `w` (`d` = rows per head). `None` if the rows do not split
-/// into `n` heads of an even size.
-pub(super) fn permute_rows(w: &[f32], rows: usize, cols: usize, n: usize) -> Option<Vec<f32>> {
+/// The row order of a Q or K matrix (or of `B`, its rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RowOrder {
+    /// Hugging Face's (and PEFT's): each head's rotary pairs are its rows `j` and `j + d/2`.
+    HuggingFace,
+    /// The base GGUF's for llama.cpp's normal rope order: a head's pairs are adjacent rows.
+    Gguf,
+}
+
+/// The heads whose rows Q's or K's `B` is permuted by between the two row orders in `cfg`'s
+/// model: `None` for other targets, and for a model whose rope order is not llama.cpp's
+/// normal one (its GGUF rows are Hugging Face's).
+pub(super) fn qk_heads(cfg: &ModelConfig, target: LoraTarget) -> Option<usize> {
+    if cfg.rope.order != RopeOrder::Normal {
+        return None;
+    }
+    match target {
+        LoraTarget::Q => Some(cfg.n_head),
+        LoraTarget::K => Some(cfg.n_head_kv),
+        _ => None,
+    }
+}
+
+/// llama.cpp's row permutation of Q and K for its normal rope order, or its inverse: a
+/// `[rows][cols]` matrix with `n` heads of `d` rows each, put into row order `to`. Row
+/// `h·d + 2j + s` of the GGUF order is row `h·d + s·d/2 + j` of Hugging Face's (within each
+/// head, the first and second halves of the rows interleaved). `None` if the rows do not
+/// split into `n` heads of an even size.
+pub(super) fn permute_rows(w: &[f32], rows: usize, cols: usize, n: usize, to: RowOrder) -> Option<Vec<f32>> {
     if n == 0 || !rows.is_multiple_of(n) || !(rows / n).is_multiple_of(2) || Some(w.len()) != rows.checked_mul(cols) {
         return None;
     }
     let per_head = rows / n;
     let half = per_head / 2;
-    let mut out = Vec::with_capacity(w.len());
+    let mut out = vec![0.0; w.len()];
     for h in 0..n {
         for j in 0..half {
             for s in 0..2 {
-                let src = h * per_head + s * half + j;
-                out.extend_from_slice(&w[src * cols..(src + 1) * cols]);
+                let gguf = h * per_head + 2 * j + s;
+                let hf = h * per_head + s * half + j;
+                let (src, dst) = match to {
+                    RowOrder::Gguf => (hf, gguf),
+                    RowOrder::HuggingFace => (gguf, hf),
+                };
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -264,12 +285,19 @@ mod tests {
         let (rows, cols) = (24, 3);
         let w: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
         for n in [1, 2, 3, 4, 6, 12] {
-            assert_eq!(permute_rows(&w, rows, cols, n).unwrap(), numpy_permute(&w, rows, cols, n), "n = {n}");
+            let gguf = permute_rows(&w, rows, cols, n, RowOrder::Gguf).unwrap();
+            assert_eq!(gguf, numpy_permute(&w, rows, cols, n), "n = {n}");
+            assert_eq!(permute_rows(&gguf, rows, cols, n, RowOrder::HuggingFace).unwrap(), w, "n = {n}: the inverse undoes it");
+            if n < 12 {
+                assert_ne!(gguf, w, "n = {n} moves rows");
+            }
         }
-        assert!(permute_rows(&w, rows, cols, 5).is_none());
-        assert!(permute_rows(&w, rows, cols, 24).is_none(), "one row per head has no pairs");
-        assert!(permute_rows(&w, rows, cols, 0).is_none());
-        assert!(permute_rows(&w[1..], rows, cols, 2).is_none());
+        for to in [RowOrder::Gguf, RowOrder::HuggingFace] {
+            assert!(permute_rows(&w, rows, cols, 5, to).is_none());
+            assert!(permute_rows(&w, rows, cols, 24, to).is_none(), "one row per head has no pairs");
+            assert!(permute_rows(&w, rows, cols, 0, to).is_none());
+            assert!(permute_rows(&w[1..], rows, cols, 2, to).is_none());
+        }
     }
 
     #[test]

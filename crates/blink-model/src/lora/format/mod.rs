@@ -1,12 +1,19 @@
-//! Adapter files: which format a path holds, and reading it into [`LoraTensors`].
+//! Adapter files: which format a path holds, reading it into [`LoraTensors`], and writing
+//! [`LoraTensors`] in either format.
 //!
 //! Two formats: a PEFT directory (`adapter_config.json` + `adapter_model.safetensors`,
 //! see `peft`) and llama.cpp's LoRA GGUF (see `gguf`). Both end in the same checks
 //! (`check`): every pair fits the base model, and its `B` is in the base GGUF's row order.
+//! The writers (`write_peft`, `write_gguf`) check the same before writing (`write`) and
+//! undo for PEFT the row permutation that reading does, so a written adapter reads back
+//! equal.
 
 mod check;
 mod gguf;
 mod peft;
+mod write;
+mod write_gguf;
+mod write_peft;
 
 use std::fs::{self, File};
 use std::io::{self, Read};
@@ -14,6 +21,9 @@ use std::path::{Path, PathBuf};
 
 use super::{LoraError, LoraTensors};
 use crate::config::ModelConfig;
+
+pub use write_gguf::write_gguf;
+pub use write_peft::{peft_tensors, write_peft, write_peft_tensors, PeftMeta, PeftTensor};
 
 /// Read the adapter at `path` and check it against `cfg`'s model.
 ///

@@ -82,14 +82,10 @@ fn parse_name(name: &str, cfg: &ModelConfig) -> Result<(usize, LoraTarget, Side)
     let Some(target) = LoraTarget::ALL.into_iter().find(|t| t.peft_name() == module) else {
         return Err(unknown_module(module, name));
     };
-    let parent = match target {
-        LoraTarget::Q | LoraTarget::K | LoraTarget::V | LoraTarget::O => "self_attn",
-        LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => "mlp",
-    };
     let ["layers", digits, p, _] = segments[..at] else {
         return Err(unknown());
     };
-    if p != parent {
+    if p != target.peft_block() {
         return Err(unknown());
     }
     let layer = layer_index(digits, cfg)?.ok_or_else(unknown)?;
