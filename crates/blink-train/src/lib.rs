@@ -2,8 +2,12 @@
 //!
 //! Owns the training data (OpenAI chat JSONL → tokenized examples with loss masks → packed
 //! batches, in a seeded order per epoch) and the optimizer (AdamW, gradient clipping, the
-//! learning-rate schedule). It reads text through blink-text and model files through
-//! blink-gguf; it computes no forward or backward pass itself.
+//! learning-rate schedule), and the checkpoints a run resumes from (`checkpoint`: adapter,
+//! optimizer moments and position, in one file replaced atomically). It reads text through
+//! blink-text and model files through blink-gguf; it computes no forward or backward pass
+//! itself.
 
+pub mod checkpoint;
 pub mod data;
 pub mod optim;
+pub mod run;

@@ -52,6 +52,8 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Load-test a server with concurrent streaming clients.
     BenchServe(cmd::bench_serve::Args),
+    /// Fine-tune a LoRA adapter on chat JSONL, on the frozen quantized model.
+    Finetune(cmd::finetune::Args),
     /// Show a model's architecture, hyper-parameters, tensor types and tokenizer.
     Info(cmd::info::Args),
 }
@@ -98,6 +100,7 @@ fn main() {
         Command::Tokenize(a) => cmd::tokenize::main(a),
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Info(a) => cmd::info::main(a),
+        Command::Finetune(a) => cmd::finetune::main(a),
         Command::Bench(a) => cmd::bench::main(a),
         Command::Serve(a) => cmd::serve::main(a),
         Command::BenchServe(a) => cmd::bench_serve::main(a),

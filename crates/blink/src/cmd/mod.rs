@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_serve;
 pub mod chat;
+pub mod finetune;
 pub mod info;
 pub mod perplexity;
 pub mod run;

@@ -1,0 +1,261 @@
+//! `blink finetune`: train a LoRA adapter on the frozen GGUF model, on the CPU, from
+//! OpenAI-style chat JSONL; write it as a PEFT directory or a llama.cpp LoRA GGUF.
+
+use std::path::{Path, PathBuf};
+
+use blink_model::lora::{self, LoraTensors, PeftMeta};
+use blink_model::TensorPlacement;
+use blink_train::data::{load_examples, Example};
+use blink_train::optim::Decay;
+use blink_train::run::{curve, init, parse_targets, FinetuneConfig, Finetune, Observer, Progress, Summary};
+
+use crate::common::{load_model_placed, resolve_threads, CliResult, KernelArgs, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Training data: chat fine-tuning JSONL (`{"messages": [...]}` per line).
+    #[arg(long = "data", value_name = "FILE")]
+    data: PathBuf,
+    /// Evaluation data in the same form: its loss and token accuracy after each epoch.
+    #[arg(long = "eval", value_name = "FILE")]
+    eval: Option<PathBuf>,
+    /// Output directory: the adapter, the loss curve (loss.csv, loss.svg) and checkpoints.
+    #[arg(short = 'o', long = "out", value_name = "DIR", required_unless_present = "dump_grads")]
+    out: Option<PathBuf>,
+    /// LoRA rank.
+    #[arg(long = "rank", default_value_t = 8)]
+    rank: usize,
+    /// LoRA alpha (the delta is scaled by alpha / rank; default: twice the rank).
+    #[arg(long = "alpha")]
+    alpha: Option<f32>,
+    /// Dropout on the adapters' inputs (only 0 is supported so far).
+    #[arg(long = "dropout", default_value_t = 0.0)]
+    dropout: f32,
+    /// Projections to adapt: q,k,v,o,gate,up,down (or all).
+    #[arg(long = "targets", default_value = "all")]
+    targets: String,
+    /// Peak learning rate.
+    #[arg(long = "lr", default_value_t = 1e-4)]
+    lr: f64,
+    #[arg(long = "epochs", default_value_t = 3)]
+    epochs: u64,
+    /// Tokens per packed batch (whole examples; none may be longer).
+    #[arg(long = "batch-tokens", default_value_t = 512)]
+    batch_tokens: usize,
+    /// Batches per optimizer step (gradient accumulation).
+    #[arg(long = "accum", default_value_t = 1)]
+    accum: usize,
+    /// Linear warm-up steps.
+    #[arg(long = "warmup", default_value_t = 0)]
+    warmup: u64,
+    /// Rate after warm-up: cosine, linear or constant.
+    #[arg(long = "schedule", default_value = "cosine", value_parser = ["cosine", "linear", "constant"])]
+    schedule: String,
+    #[arg(long = "weight-decay", default_value_t = 0.0)]
+    weight_decay: f64,
+    /// Clip the gradients' global L2 norm to this (0: no clipping).
+    #[arg(long = "clip", default_value_t = 1.0)]
+    clip: f64,
+    #[arg(long = "seed", default_value_t = 42)]
+    seed: u64,
+    /// Start from this adapter (PEFT directory or LoRA GGUF) instead of a fresh one; its
+    /// rank, alpha and targets are kept.
+    #[arg(long = "init-adapter", value_name = "PATH")]
+    init_adapter: Option<PathBuf>,
+    /// Write a checkpoint every N optimizer steps (and at the end).
+    #[arg(long = "checkpoint-every", value_name = "N")]
+    checkpoint_every: Option<u64>,
+    /// Continue from the checkpoint in the output directory.
+    #[arg(long = "resume")]
+    resume: bool,
+    /// Adapter format: peft (a directory) or gguf (DIR/adapter.gguf).
+    #[arg(long = "format", default_value = "peft", value_parser = ["peft", "gguf"])]
+    format: String,
+    /// Compute the loss and gradients of the first batch for the initial adapter, write
+    /// them (PEFT's tensor names) to FILE.safetensors, print the loss and stop.
+    #[arg(long = "dump-grads", value_name = "FILE")]
+    dump_grads: Option<PathBuf>,
+    /// Print a JSON summary as the last line of standard output.
+    #[arg(long = "json")]
+    json: bool,
+    /// Compute threads (default: all available CPUs).
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    #[command(flatten)]
+    kernel: KernelArgs,
+}
+
+pub fn main(args: Args) -> CliResult {
+    args.kernel.apply()?;
+    if args.dropout != 0.0 {
+        return Err(format!("--dropout {}: only 0 is supported so far", args.dropout).into());
+    }
+    if args.rank == 0 {
+        return Err("--rank must be at least 1".into());
+    }
+    if !args.lr.is_finite() || args.lr <= 0.0 {
+        return Err(format!("--lr must be a positive number, not {}", args.lr).into());
+    }
+    let targets = parse_targets(&args.targets).map_err(|e| format!("--targets: {e}"))?;
+    let threads = resolve_threads(args.threads)?;
+    let model_path = args.model.path()?;
+    let loaded = load_model_placed(&args.model, &TensorPlacement::flat(threads))?;
+    let model = &loaded.model;
+    let template = loaded.template.as_ref().ok_or("the model has no chat template to render the examples with")?;
+    let train = load_examples(&args.data, &loaded.tokenizer, template).map_err(|e| format!("{}: {e}", args.data.display()))?;
+    let eval = match &args.eval {
+        Some(p) => load_examples(p, &loaded.tokenizer, template).map_err(|e| format!("{}: {e}", p.display()))?,
+        None => Vec::new(),
+    };
+    let params = match &args.init_adapter {
+        Some(p) => lora::read(p, &model.cfg).map_err(|e| e.about(p))?,
+        None => init::fresh(&model.cfg, args.rank, args.alpha.unwrap_or(2.0 * args.rank as f32), &targets, args.seed),
+    };
+    let cfg = FinetuneConfig {
+        lr: args.lr,
+        epochs: args.epochs,
+        batch_tokens: args.batch_tokens,
+        accum: args.accum,
+        warmup: args.warmup,
+        decay: match args.schedule.as_str() {
+            "linear" => Decay::Linear,
+            "constant" => Decay::Constant,
+            _ => Decay::Cosine,
+        },
+        weight_decay: args.weight_decay,
+        clip: (args.clip > 0.0).then_some(args.clip),
+        seed: args.seed,
+        threads,
+        checkpoint_every: args.checkpoint_every,
+    };
+    let fingerprint = fingerprint(&args, &model_path, &train, &eval, &params, &cfg);
+    let mut run = Finetune::new(model, cfg, train, eval, params, fingerprint)?;
+
+    if let Some(file) = &args.dump_grads {
+        let (loss, grads) = run.first_batch_gradients()?;
+        lora::write_peft_tensors(file, &grads, &model.cfg)?;
+        outln!("loss {:.6} over {} targets", loss.mean(), loss.targets)?;
+        return Ok(());
+    }
+    let out = args.out.as_deref().expect("clap requires --out without --dump-grads");
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    if args.resume && run.resume(out)? {
+        eprintln!("blink: resuming from the checkpoint in {}", out.display());
+    }
+    eprintln!(
+        "blink: {} optimizer steps over {} epochs; {:.1} MiB of training buffers",
+        run.total_steps(),
+        args.epochs,
+        run.buffer_bytes() as f64 / (1 << 20) as f64
+    );
+    let mut bar = Bar::new(run.total_steps());
+    let summary = run.run(out, &mut bar)?;
+    bar.finish();
+    write_adapter(out, &args.format, run.params(), model)?;
+    curve::write(out, run.curve()).map_err(|e| format!("{}: {e}", out.display()))?;
+    eprintln!("blink: adapter written to {}", out.display());
+    if args.json {
+        outln!("{}", summary_json(&summary))?;
+    }
+    Ok(())
+}
+
+fn write_adapter(out: &Path, format: &str, params: &LoraTensors, model: &blink_model::Model) -> CliResult {
+    if format == "gguf" {
+        lora::write_gguf(&out.join("adapter.gguf"), params, &model.cfg, None)?;
+    } else {
+        let meta = PeftMeta { base_model_name_or_path: Some(model.cfg.name.clone()), lora_dropout: 0.0 };
+        lora::write_peft(out, params, &model.cfg, &meta)?;
+    }
+    Ok(())
+}
+
+/// What makes one run the same as another: the data, the model, the starting adapter and
+/// every setting that changes the numbers (threads and checkpoint spacing do not).
+fn fingerprint(args: &Args, model: &Path, train: &[Example], eval: &[Example], params: &LoraTensors, cfg: &FinetuneConfig) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    let size = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
+    eat(format!("{}|{size}", model.display()).as_bytes());
+    for e in train.iter().chain(eval) {
+        e.tokens.iter().for_each(|t| eat(&t.to_le_bytes()));
+        e.targets.iter().for_each(|&t| eat(&[u8::from(t)]));
+        eat(b";");
+    }
+    for t in blink_train::run::init::tensors(params) {
+        t.iter().for_each(|v| eat(&v.to_bits().to_le_bytes()));
+    }
+    let settings = FinetuneConfig { threads: 0, checkpoint_every: None, ..cfg.clone() };
+    eat(format!("{settings:?}|{}|{}", args.format, params.alpha).as_bytes());
+    format!("{h:016x}")
+}
+
+fn summary_json(s: &Summary) -> String {
+    serde_json::json!({
+        "steps": s.steps,
+        "trained_tokens": s.trained_tokens,
+        "trained_tokens_per_s": s.tokens_per_s,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "train_loss": s.train_loss,
+        "eval_loss": s.eval_loss,
+        "eval_accuracy": s.eval_accuracy,
+    })
+    .to_string()
+}
+
+/// The process's peak resident set, from `getrusage` (kibibytes on Linux).
+fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut u) == 0 {
+            u.ru_maxrss.max(0) as u64 * 1024
+        } else {
+            0
+        }
+    }
+}
+
+/// The progress bar: step, loss, rate, tokens/s and time left.
+struct Bar(indicatif::ProgressBar);
+
+impl Bar {
+    fn new(total: u64) -> Bar {
+        let bar = indicatif::ProgressBar::new(total);
+        let style = indicatif::ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} [{elapsed_precise}, {eta} left]").expect("a valid template");
+        bar.set_style(style);
+        Bar(bar)
+    }
+
+    fn finish(&self) {
+        self.0.finish();
+    }
+}
+
+impl Observer for Bar {
+    fn step(&mut self, p: &Progress) {
+        self.0.set_position(p.step);
+        self.0.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", p.loss, p.lr, p.tokens_per_s));
+        if !self.0.is_hidden() {
+            return;
+        }
+        // Not a terminal: one line per step on stderr instead.
+        eprintln!("step {}/{} epoch {} loss {:.4} lr {:.3e} grad-norm {:.3} {:.1} tok/s", p.step, p.total_steps, p.epoch + 1, p.loss, p.lr, p.grad_norm, p.tokens_per_s);
+    }
+
+    fn eval(&mut self, epoch: u64, loss: f64, accuracy: f64) {
+        self.0.println(format!("epoch {}: eval loss {loss:.4}, token accuracy {:.1}%", epoch + 1, accuracy * 100.0));
+    }
+
+    fn checkpoint(&mut self, step: u64) {
+        if self.0.is_hidden() {
+            eprintln!("checkpoint at step {step}");
+        }
+    }
+}
