@@ -222,39 +222,62 @@ fn peak_rss_bytes() -> u64 {
     }
 }
 
-/// The progress bar: step, loss, rate, tokens/s and time left.
-struct Bar(indicatif::ProgressBar);
+/// The progress bar: step, loss, rate, tokens/s and time left (a line per step when
+/// standard error is not a terminal).
+struct Bar {
+    bar: indicatif::ProgressBar,
+    /// The first step this process ran, and when it ended (a resumed run's time left is
+    /// reckoned from its own steps).
+    first: Option<(u64, std::time::Duration)>,
+}
 
 impl Bar {
     fn new(total: u64) -> Bar {
         let bar = indicatif::ProgressBar::new(total);
         let style = indicatif::ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} [{elapsed_precise}, {eta} left]").expect("a valid template");
         bar.set_style(style);
-        Bar(bar)
+        Bar { bar, first: None }
     }
 
     fn finish(&self) {
-        self.0.finish();
+        self.bar.finish();
+    }
+
+    /// Seconds left at the pace of this process's steps so far.
+    fn seconds_left(&mut self, p: &Progress) -> f64 {
+        let (step0, t0) = *self.first.get_or_insert((p.step, p.elapsed));
+        let done = p.step.saturating_sub(step0);
+        if done == 0 {
+            return f64::NAN;
+        }
+        (p.elapsed - t0).as_secs_f64() / done as f64 * p.total_steps.saturating_sub(p.step) as f64
     }
 }
 
 impl Observer for Bar {
     fn step(&mut self, p: &Progress) {
-        self.0.set_position(p.step);
-        self.0.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", p.loss, p.lr, p.tokens_per_s));
-        if !self.0.is_hidden() {
+        let left = self.seconds_left(p);
+        self.bar.set_position(p.step);
+        self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", p.loss, p.lr, p.tokens_per_s));
+        if !self.bar.is_hidden() {
             return;
         }
         // Not a terminal: one line per step on stderr instead.
-        eprintln!("step {}/{} epoch {} loss {:.4} lr {:.3e} grad-norm {:.3} {:.1} tok/s", p.step, p.total_steps, p.epoch + 1, p.loss, p.lr, p.grad_norm, p.tokens_per_s);
+        let left = if left.is_finite() { format!(", {left:.0} s left") } else { String::new() };
+        eprintln!("step {}/{} epoch {} loss {:.4} lr {:.3e} grad-norm {:.3} {:.1} tok/s{left}", p.step, p.total_steps, p.epoch + 1, p.loss, p.lr, p.grad_norm, p.tokens_per_s);
     }
 
     fn eval(&mut self, epoch: u64, loss: f64, accuracy: f64) {
-        self.0.println(format!("epoch {}: eval loss {loss:.4}, token accuracy {:.1}%", epoch + 1, accuracy * 100.0));
+        let line = format!("epoch {}: eval loss {loss:.4}, token accuracy {:.1}%", epoch + 1, accuracy * 100.0);
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
     }
 
     fn checkpoint(&mut self, step: u64) {
-        if self.0.is_hidden() {
+        if self.bar.is_hidden() {
             eprintln!("checkpoint at step {step}");
         }
     }
