@@ -156,3 +156,24 @@ fn bad_input_is_a_one_line_error_before_any_training() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_gguf_and_peft_outputs_of_a_run_hold_the_same_adapter() {
+    let dir = scratch("formats");
+    let data = zorbania(&dir, 4);
+    let mut read = Vec::new();
+    for format in ["peft", "gguf"] {
+        let out_dir = dir.join(format);
+        let out = finetune(&["--data", data.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--epochs", "1", "--lr", "1e-3", "--format", format]);
+        ok(&out);
+        let path = if format == "gguf" { out_dir.join("adapter.gguf") } else { out_dir.clone() };
+        let adapter = lora::read(&path, &model_cfg()).unwrap();
+        assert_eq!(adapter.format, if format == "gguf" { lora::LoraFormat::Gguf } else { lora::LoraFormat::Peft });
+        read.push(adapter);
+    }
+    // Same run, same numbers: only the container differs.
+    assert_eq!(read[0].alpha, read[1].alpha);
+    assert!(read[0].layers == read[1].layers, "the GGUF adapter's tensors differ from the PEFT one's");
+    assert!(read[0].layers.iter().flatten().flatten().any(|p| p.b.iter().any(|&v| v != 0.0)), "nothing was trained");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
