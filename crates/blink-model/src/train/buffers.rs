@@ -196,7 +196,7 @@ impl Work {
             dh: M::of(&mut self.dh, f),
             dg: M::of(&mut self.dg, f),
             du: M::of(&mut self.du, f),
-            lora: super::lora::LoraTemps { t: M::of(&mut self.lora_t, 0), tt: M::of(&mut self.lora_tt, 0), dbt: M::of(&mut self.lora_dbt, 0) },
+            lora: LoraTemps { t: M::of(&mut self.lora_t, 0), tt: M::of(&mut self.lora_tt, 0), dbt: M::of(&mut self.lora_dbt, 0) },
             hf: M::of(&mut self.hf, e),
             logits: M::of(&mut self.logits, VOCAB_CHUNK.min(cfg.vocab_size)),
             dhf: M::of(&mut self.dhf, e),
@@ -208,6 +208,17 @@ impl Work {
         let more = [&self.lora_t, &self.lora_tt, &self.lora_dbt, &self.hf, &self.logits, &self.dhf];
         all.iter().chain(more.iter()).map(|v| v.len() * 4).sum()
     }
+}
+
+/// The temporaries an adapter pair's products go through.
+#[derive(Clone, Copy)]
+pub(super) struct LoraTemps {
+    /// `[tokens][rank]`.
+    pub t: M,
+    /// `[rank][tokens]`.
+    pub tt: M,
+    /// `[rank][rows]`.
+    pub dbt: M,
 }
 
 /// The work buffers as a step's phases see them.
@@ -227,7 +238,7 @@ pub(super) struct WorkViews {
     pub dh: M,
     pub dg: M,
     pub du: M,
-    pub lora: super::lora::LoraTemps,
+    pub lora: LoraTemps,
     pub hf: M,
     pub logits: M,
     pub dhf: M,

@@ -4,7 +4,7 @@
 
 use blink_kernels::fgemm::BSource;
 
-use super::buffers::M;
+use super::buffers::{LoraTemps, M};
 use super::ctx::Ctx;
 use crate::lora::LoraPair;
 
@@ -16,17 +16,6 @@ pub(super) struct PairView<'a> {
     /// `dA`, `[rank][cols]`, and `dB`, `[rows][rank]`, added to.
     pub ga: M,
     pub gb: M,
-}
-
-/// The temporaries a pair's products go through.
-#[derive(Clone, Copy)]
-pub(super) struct LoraTemps {
-    /// `[tokens][rank]`.
-    pub t: M,
-    /// `[rank][tokens]`.
-    pub tt: M,
-    /// `[rank][rows]`.
-    pub dbt: M,
 }
 
 impl Ctx {

@@ -4,7 +4,7 @@
 use super::*;
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
-    (0..n).map(|i| (((i as u32 * 2654435761u32) ^ seed.wrapping_mul(40503)) % 1000) as f32 / 500.0 - 1.0).collect()
+    (0..n).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 1000) as f32 / 500.0 - 1.0).collect()
 }
 
 /// The loss `Σ out ⊙ w` for given q, k, v, in f64 through f32 forward.
