@@ -145,7 +145,7 @@ fn gradients_of_full_heads_match_differences() {
 
 /// `cargo test --release -p blink-model --lib attention_speed -- --ignored --nocapture`
 #[test]
-#[ignore]
+#[ignore = "a timing benchmark, not a check: run by hand with --ignored on a quiet machine"]
 fn attention_speed() {
     let all = paths();
     // The portable path is the definition; on x86 without FMA it is far from a contender.
