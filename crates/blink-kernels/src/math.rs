@@ -4,19 +4,25 @@
 //! degree-5 polynomial evaluated with FMAs), so SwiGLU gives the same bits as llama.cpp's
 //! x86 build. Scalar code and every SIMD path compute these same operations.
 
-/// Round-to-integer shift: `1.5 · 2^23`.
-const SHIFT: f32 = 12_582_912.0;
-/// log2(e).
-const LOG2_E: f32 = f32::from_bits(0x3fb8_aa3b);
-/// ln(2) split in a high and a low part for an exact range reduction.
-const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
-const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
-/// Polynomial coefficients of `2^f` on the reduced range.
-const C1: f32 = f32::from_bits(0x3f7f_fff6);
-const C2: f32 = f32::from_bits(0x3eff_fedb);
-const C3: f32 = f32::from_bits(0x3e2a_af33);
-const C4: f32 = f32::from_bits(0x3d2b_9f17);
-const C5: f32 = f32::from_bits(0x3c07_2010);
+/// The constants of ggml's `exp` (range reduction, then a degree-5 polynomial), for
+/// kernels elsewhere that evaluate the same recipe on their own lanes.
+pub mod exp_poly {
+    /// Round-to-integer shift: `1.5 · 2^23`.
+    pub const SHIFT: f32 = 12_582_912.0;
+    /// log2(e).
+    pub const LOG2_E: f32 = f32::from_bits(0x3fb8_aa3b);
+    /// ln(2) split in a high and a low part for an exact range reduction.
+    pub const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+    pub const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+    /// Polynomial coefficients of `2^f` on the reduced range.
+    pub const C1: f32 = f32::from_bits(0x3f7f_fff6);
+    pub const C2: f32 = f32::from_bits(0x3eff_fedb);
+    pub const C3: f32 = f32::from_bits(0x3e2a_af33);
+    pub const C4: f32 = f32::from_bits(0x3d2b_9f17);
+    pub const C5: f32 = f32::from_bits(0x3c07_2010);
+}
+
+use exp_poly::*;
 
 /// `2^e` for `-126 ≤ e ≤ 127`.
 #[inline]

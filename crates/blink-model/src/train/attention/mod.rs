@@ -54,15 +54,7 @@ const R: usize = 8;
 /// degree-5 polynomial, zero below −87 (where `e^x` leaves the normal range).
 #[inline(always)]
 unsafe fn exp<S: Lanes>(x: S) -> S {
-    const SHIFT: f32 = 12_582_912.0;
-    const LOG2_E: f32 = f32::from_bits(0x3fb8_aa3b);
-    const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
-    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
-    const C1: f32 = f32::from_bits(0x3f7f_fff6);
-    const C2: f32 = f32::from_bits(0x3eff_fedb);
-    const C3: f32 = f32::from_bits(0x3e2a_af33);
-    const C4: f32 = f32::from_bits(0x3d2b_9f17);
-    const C5: f32 = f32::from_bits(0x3c07_2010);
+    use blink_kernels::math::exp_poly::{C1, C2, C3, C4, C5, LN2_HI, LN2_LO, LOG2_E, SHIFT};
     let c = S::splat;
     let z = S::fma(x, c(LOG2_E), c(SHIFT));
     let n = z.sub(c(SHIFT));
