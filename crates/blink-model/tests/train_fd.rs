@@ -27,7 +27,7 @@ use std::sync::Arc;
 use blink_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use blink_kernels::quant::{dequantize_row, quantize_weights};
 use blink_model::lora::{LoraFormat, LoraPair, LoraTarget, LoraTensors};
-use blink_model::train::{self, BatchLoss, Example, Trainer};
+use blink_model::train::{self, BatchLoss, Dropout, Example, Trainer};
 use blink_model::{Model, TensorPlacement};
 
 const VOCAB: usize = 300;
@@ -125,6 +125,9 @@ struct Reference {
     /// Rope angles are `pos · pos_scale · base^(-2i/n_dims)`.
     pos_scale: f64,
     eps: f64,
+    /// The dropout on the adapters' inputs, its mask taken from the engine's definition
+    /// ([`Dropout::keep`], a function of the step seed and the element's place).
+    dropout: Option<Dropout>,
 }
 
 /// Writes the GGUF and returns the values it holds, in f64.
@@ -198,7 +201,7 @@ fn build(v: &Variant, seed: u64) -> (Model, Reference) {
     let file = Arc::new(GgufFile::from_bytes(b.w.to_bytes()).unwrap());
     let model = Model::from_gguf_placed(file, &TensorPlacement::flat(2)).unwrap();
     let pos_scale = 1.0 / v.linear_scale.unwrap_or(1.0) as f64;
-    let reference = Reference { embd, head, out_norm, layers, neox: arch == "qwen2", rope_dims: v.rope_dims, pos_scale, eps: v.eps as f64 };
+    let reference = Reference { embd, head, out_norm, layers, neox: arch == "qwen2", rope_dims: v.rope_dims, pos_scale, eps: v.eps as f64, dropout: None };
     (model, reference)
 }
 
@@ -266,23 +269,28 @@ impl Reference {
         }
     }
 
-    /// The sum of the NLLs of one sequence's targets, and their count.
-    fn sequence(&self, p: &Params, tokens: &[u32], targets: &[bool]) -> (f64, usize) {
+    /// The sum of the NLLs of one sequence's targets, and their count; its tokens are
+    /// the batch's rows from `row0` on.
+    fn sequence(&self, p: &Params, tokens: &[u32], targets: &[bool], row0: usize) -> (f64, usize) {
         let n = tokens.len();
         let scale = (ALPHA / RANK as f32) as f64;
         let mut x: Vec<Vec<f64>> = tokens.iter().map(|&t| self.embd[t as usize * EMBD..][..EMBD].to_vec()).collect();
         for (l, lw) in self.layers.iter().enumerate() {
-            // y = W·x + (alpha/r)·B·(A·x)
-            let proj = |t: LoraTarget, input: &[f64]| -> Vec<f64> {
+            // y = W·x + (alpha/r)·B·(A·dropout(x)), for the input at `pos`.
+            let proj = |t: LoraTarget, input: &[f64], pos: usize| -> Vec<f64> {
                 let (a, b) = (&p[(l * 7 + t.index()) * 2], &p[(l * 7 + t.index()) * 2 + 1]);
-                let ax = matvec(a, input);
+                let dropped: Vec<f64> = match self.dropout {
+                    None => input.to_vec(),
+                    Some(d) => input.iter().enumerate().map(|(c, &x)| if d.keep(l, t, row0 + pos, c) { x * d.scale() as f64 } else { 0.0 }).collect(),
+                };
+                let ax = matvec(a, &dropped);
                 let bax = matvec(b, &ax);
                 matvec(&lw.w[t.index()], input).iter().zip(bax).map(|(y, d)| y + scale * d).collect()
             };
             let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
             for (pos, xt) in x.iter().enumerate() {
                 let xn = rms_norm(xt, &lw.attn_norm, self.eps);
-                let mut qkv = [LoraTarget::Q, LoraTarget::K, LoraTarget::V].map(|t| proj(t, &xn));
+                let mut qkv = [LoraTarget::Q, LoraTarget::K, LoraTarget::V].map(|t| proj(t, &xn, pos));
                 if let Some(bias) = &lw.bias {
                     for (y, b) in qkv.iter_mut().zip(bias) {
                         y.iter_mut().zip(b).for_each(|(y, b)| *y += b);
@@ -311,12 +319,12 @@ impl Reference {
                         }
                     }
                 }
-                let o = proj(LoraTarget::O, &attn);
+                let o = proj(LoraTarget::O, &attn, t);
                 x[t].iter_mut().zip(o).for_each(|(x, o)| *x += o);
                 let xn = rms_norm(&x[t], &lw.ffn_norm, self.eps);
-                let (g, u) = (proj(LoraTarget::Gate, &xn), proj(LoraTarget::Up, &xn));
+                let (g, u) = (proj(LoraTarget::Gate, &xn, t), proj(LoraTarget::Up, &xn, t));
                 let hidden: Vec<f64> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-                let d = proj(LoraTarget::Down, &hidden);
+                let d = proj(LoraTarget::Down, &hidden, t);
                 x[t].iter_mut().zip(d).for_each(|(x, d)| *x += d);
             }
         }
@@ -334,7 +342,14 @@ impl Reference {
 
     /// The batch's NLL sum and target count: each example its own sequence.
     fn batch(&self, p: &Params, batch: &[Owned]) -> (f64, usize) {
-        batch.iter().map(|e| self.sequence(p, &e.tokens, &e.targets)).fold((0.0, 0), |(a, n), (b, m)| (a + b, n + m))
+        let mut row0 = 0;
+        let mut total = (0.0, 0);
+        for e in batch {
+            let (nll, count) = self.sequence(p, &e.tokens, &e.targets, row0);
+            (total.0 += nll, total.1 += count);
+            row0 += e.tokens.len();
+        }
+        total
     }
 }
 
@@ -502,9 +517,10 @@ fn check_packing(name: &str, trainer: &mut Trainer, params: &LoraTensors, batch:
 }
 
 /// (d) One, two and three threads, and a trainer with room to spare, give the same bits.
-fn check_threads(name: &str, model: &Model, params: &LoraTensors, batch: &[Owned]) {
+fn check_threads(name: &str, model: &Model, params: &LoraTensors, batch: &[Owned], dropout: Option<Dropout>) {
     let run = |threads: usize, max_tokens: usize, rank: usize| {
         let mut trainer = Trainer::new(model, threads, max_tokens, [rank; 7]).unwrap();
+        trainer.set_dropout(dropout).unwrap();
         let (loss, grads) = step(&mut trainer, batch, params, 0.1);
         (loss.nll_sum.to_bits(), bits(&grads))
     };
@@ -527,7 +543,39 @@ fn check(name: &str, v: Variant, seed: u64) {
     check_loss(name, &mut trainer, &reference, &params, &batch);
     check_gradients(name, &mut trainer, &reference, &params, &batch, &mut rng);
     check_packing(name, &mut trainer, &params, &batch);
-    check_threads(name, &model, &params, &batch);
+    check_threads(name, &model, &params, &batch, None);
+}
+
+/// Dropout on the adapters' inputs: the loss and gradients for one draw of the masks
+/// against the reference with the same masks, and the same bits on any thread count.
+fn check_dropout(name: &str, v: Variant, seed: u64, dropout: Dropout) {
+    let (model, mut reference) = build(&v, seed);
+    let mut rng = Rng(seed ^ 0xd209);
+    let params = random_adapter(&mut rng);
+    let batch: Vec<Owned> = LENGTHS.iter().enumerate().map(|(i, &len)| example(&mut rng, len, i == 0)).collect();
+    let mut trainer = Trainer::new(&model, 2, MAX_TOKENS, [RANK; 7]).unwrap();
+    let without = trainer.step(&examples(&batch), &params, None).unwrap();
+    trainer.set_dropout(Some(dropout)).unwrap();
+    reference.dropout = Some(dropout);
+    let with = trainer.step(&examples(&batch), &params, None).unwrap();
+    let moved = (with.mean() - without.mean()).abs() / without.mean();
+    assert!(moved > 1e-3, "{name}: dropout {} moves the loss by only {moved:.1e}", dropout.p);
+    check_loss(name, &mut trainer, &reference, &params, &batch);
+    check_gradients(name, &mut trainer, &reference, &params, &batch, &mut rng);
+    check_threads(name, &model, &params, &batch, Some(dropout));
+    // Another seed draws other masks.
+    trainer.set_dropout(Some(Dropout { seed: dropout.seed + 1, ..dropout })).unwrap();
+    assert_ne!(trainer.step(&examples(&batch), &params, None).unwrap(), with, "{name}: the seed does not change the masks");
+}
+
+#[test]
+fn llama_q4_1_dropout() {
+    check_dropout("llama q4_1 dropout 0.3", Variant { arch: "llama", ty: GgmlType::Q4_1, tied: false, rope_dims: HEAD_DIM, linear_scale: None, eps: 1e-5 }, 6, Dropout { p: 0.3, seed: 11 });
+}
+
+#[test]
+fn qwen2_f32_dropout() {
+    check_dropout("qwen2 f32 dropout 0.1", Variant { arch: "qwen2", ty: GgmlType::F32, tied: true, rope_dims: HEAD_DIM, linear_scale: None, eps: 1e-5 }, 7, Dropout { p: 0.1, seed: 12 });
 }
 
 #[test]

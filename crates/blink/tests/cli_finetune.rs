@@ -143,7 +143,8 @@ fn bad_input_is_a_one_line_error_before_any_training() {
         (vec!["--data", &good, "--rank", "0"], "--rank"),
         (vec!["--data", &good, "--lr", "nan"], "--lr"),
         (vec!["--data", &good, "--lr", "inf"], "--lr"),
-        (vec!["--data", &good, "--dropout", "0.1"], "--dropout"),
+        (vec!["--data", &good, "--dropout", "1"], "--dropout"),
+        (vec!["--data", &good, "--dropout", "nan"], "--dropout"),
         (vec!["--data", "/nonexistent/train.jsonl"], "/nonexistent/train.jsonl"),
     ];
     for (args, want) in cases {
@@ -175,5 +176,25 @@ fn the_gguf_and_peft_outputs_of_a_run_hold_the_same_adapter() {
     assert_eq!(read[0].alpha, read[1].alpha);
     assert!(read[0].layers == read[1].layers, "the GGUF adapter's tensors differ from the PEFT one's");
     assert!(read[0].layers.iter().flatten().flatten().any(|p| p.b.iter().any(|&v| v != 0.0)), "nothing was trained");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn dropout_draws_its_masks_from_the_seed() {
+    let dir = scratch("dropout");
+    let data = zorbania(&dir, 4);
+    let run = |name: &str, extra: &[&str]| {
+        let out_dir = dir.join(name);
+        let args = [&["--data", data.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--epochs", "1", "--lr", "2e-3"], extra].concat();
+        ok(&finetune(&args));
+        let config: serde_json::Value = serde_json::from_slice(&std::fs::read(out_dir.join("adapter_config.json")).unwrap()).unwrap();
+        (lora::read(&out_dir, &model_cfg()).unwrap(), config["lora_dropout"].as_f64().unwrap())
+    };
+    let (first, recorded) = run("a", &["--dropout", "0.25"]);
+    let (again, _) = run("b", &["--dropout", "0.25"]);
+    let (without, none) = run("d", &[]);
+    assert_eq!((recorded, none), (0.25, 0.0), "adapter_config.json's lora_dropout");
+    assert!(first.layers == again.layers, "the same seed gave another adapter");
+    assert!(first.layers != without.layers, "dropout changed nothing");
     std::fs::remove_dir_all(&dir).unwrap();
 }

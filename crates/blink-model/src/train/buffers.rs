@@ -136,10 +136,12 @@ pub(super) struct Work {
     pub dh: Vec<f32>,
     pub dg: Vec<f32>,
     pub du: Vec<f32>,
-    /// Adapter temporaries: `[tokens][rank]`, its transpose, and `dBᵀ` (`[rank][out]`).
+    /// Adapter temporaries: `[tokens][rank]`, its transpose, `dBᵀ` (`[rank][out]`) and
+    /// a dropped-out input (`[tokens][in]`).
     pub lora_t: Vec<f32>,
     pub lora_tt: Vec<f32>,
     pub lora_dbt: Vec<f32>,
+    pub lora_x: Vec<f32>,
     /// The loss head: normed rows, a chunk of logits, their gradient rows.
     pub hf: Vec<f32>,
     pub logits: Vec<f32>,
@@ -172,10 +174,17 @@ impl Work {
             lora_t: z(tokens * max_rank),
             lora_tt: z(tokens * max_rank),
             lora_dbt: z(max_rank * widest),
+            lora_x: Vec::new(),
             hf: z(tokens * e),
             logits: z(tokens * VOCAB_CHUNK.min(cfg.vocab_size)),
             dhf: z(tokens * e),
         }
+    }
+
+    /// Sizes the dropped-out input buffer, which only steps with dropout use.
+    pub fn for_dropout(&mut self, cfg: &ModelConfig, tokens: usize) {
+        let deepest = LoraTarget::ALL.iter().map(|t| t.shape(cfg).1).max().unwrap_or(0);
+        self.lora_x.resize(tokens * deepest, 0.0);
     }
 
     /// Views of every buffer, for a step's phases.
@@ -196,7 +205,7 @@ impl Work {
             dh: M::of(&mut self.dh, f),
             dg: M::of(&mut self.dg, f),
             du: M::of(&mut self.du, f),
-            lora: LoraTemps { t: M::of(&mut self.lora_t, 0), tt: M::of(&mut self.lora_tt, 0), dbt: M::of(&mut self.lora_dbt, 0) },
+            lora: LoraTemps { t: M::of(&mut self.lora_t, 0), tt: M::of(&mut self.lora_tt, 0), dbt: M::of(&mut self.lora_dbt, 0), x: M::of(&mut self.lora_x, 0) },
             hf: M::of(&mut self.hf, e),
             logits: M::of(&mut self.logits, VOCAB_CHUNK.min(cfg.vocab_size)),
             dhf: M::of(&mut self.dhf, e),
@@ -205,7 +214,7 @@ impl Work {
 
     pub fn bytes(&self) -> usize {
         let all = [&self.x, &self.xn, &self.tmp, &self.h, &self.rope, &self.dx, &self.dxn, &self.dq, &self.dk, &self.dv, &self.da, &self.dh, &self.dg, &self.du];
-        let more = [&self.lora_t, &self.lora_tt, &self.lora_dbt, &self.hf, &self.logits, &self.dhf];
+        let more = [&self.lora_t, &self.lora_tt, &self.lora_dbt, &self.lora_x, &self.hf, &self.logits, &self.dhf];
         all.iter().chain(more.iter()).map(|v| v.len() * 4).sum()
     }
 }
@@ -219,6 +228,8 @@ pub(super) struct LoraTemps {
     pub tt: M,
     /// `[rank][rows]`.
     pub dbt: M,
+    /// `[tokens][cols]`: the input through dropout, or `dy·B·A` before its mask.
+    pub x: M,
 }
 
 /// The work buffers as a step's phases see them.

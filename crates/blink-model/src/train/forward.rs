@@ -23,6 +23,7 @@ impl Run<'_> {
     }
 
     /// `out = input·Wᵀ` (+ bias) (+ the adapter's delta, keeping its activations).
+    #[allow(clippy::too_many_arguments)]
     unsafe fn project(&self, input: M, depth: usize, w: &crate::weights::Matrix, bias: Option<&[f32]>, out: M, pair: Option<&PairView>, kept: Option<M>) {
         let n = self.n;
         self.ctx.product(input, n, depth, BSource::WeightT(w.mat_ref()), w.rows, out, false);
@@ -30,7 +31,7 @@ impl Run<'_> {
             self.ctx.each(n, |t| unsafe { out.row_mut(t).iter_mut().zip(b).for_each(|(y, &b)| *y += b) });
         }
         if let (Some(p), Some(kept)) = (pair, kept) {
-            self.ctx.lora_forward(p, n, input, out, kept);
+            self.ctx.lora_forward(p, n, input, out, kept, &self.w.lora);
         }
     }
 

@@ -1,11 +1,13 @@
 //! An adapter pair's part of a training step. Forward: `y += s·B·(A·x)`, keeping
 //! `s·A·x`. Backward, for an output gradient `dy`: `dB += (s·A·x)ᵀ·dy` (as `dBᵀ`),
-//! `dA += (s·dy·B)ᵀ·x` and `dx += (s·dy·B)·A`.
+//! `dA += (s·dy·B)ᵀ·x` and `dx += (s·dy·B)·A`. With dropout, `x` is the masked input
+//! (recomputed in the backward) and `dx` takes the mask too.
 
 use blink_kernels::fgemm::BSource;
 
 use super::buffers::{LoraTemps, M};
 use super::ctx::Ctx;
+use super::dropout::PairMask;
 use crate::lora::LoraPair;
 
 /// One pair's weights and gradients, as the step reads and writes them.
@@ -16,6 +18,8 @@ pub(super) struct PairView<'a> {
     /// `dA`, `[rank][cols]`, and `dB`, `[rows][rank]`, added to.
     pub ga: M,
     pub gb: M,
+    /// The step's dropout mask on this pair's input, if any.
+    pub drop: Option<PairMask>,
 }
 
 impl Ctx {
@@ -23,8 +27,9 @@ impl Ctx {
     ///
     /// # Safety
     /// The matrices hold `n` rows of the pair's shapes; nothing else touches `y` or `saved`.
-    pub(super) unsafe fn lora_forward(&self, p: &PairView, n: usize, x: M, y: M, saved: M) {
+    pub(super) unsafe fn lora_forward(&self, p: &PairView, n: usize, x: M, y: M, saved: M, tmp: &LoraTemps) {
         let (r, cols, rows) = (p.pair.rank, p.pair.cols, p.pair.rows);
+        let x = self.dropped(p, n, x, tmp);
         self.product(x, n, cols, BSource::F32T { data: &p.pair.a, ld: cols }, r, saved, false);
         let s = p.scale;
         self.each(n, |t| unsafe { saved.row_mut(t).iter_mut().for_each(|v| *v *= s) });
@@ -53,8 +58,26 @@ impl Ctx {
         let s = p.scale;
         self.each(n, |i| unsafe { t.row_mut(i).iter_mut().for_each(|v| *v *= s) });
         transpose(self, t, n, r, tt);
-        self.product(tt, r, n, BSource::F32 { data: x.rows(n), ld: x.cols }, cols, p.ga, true);
-        self.product(t, n, r, BSource::F32 { data: &p.pair.a, ld: cols }, cols, dx, true);
+        let xd = self.dropped(p, n, x, tmp);
+        self.product(tt, r, n, BSource::F32 { data: xd.rows(n), ld: xd.cols }, cols, p.ga, true);
+        match p.drop {
+            None => self.product(t, n, r, BSource::F32 { data: &p.pair.a, ld: cols }, cols, dx, true),
+            Some(mask) => {
+                // t·A into the masked input's buffer (done with), then masked into dx.
+                let ta = M { cols, ..tmp.x };
+                self.product(t, n, r, BSource::F32 { data: &p.pair.a, ld: cols }, cols, ta, false);
+                self.each(n, |i| unsafe { mask.add_masked(i, ta.row(i), &mut dx.row_mut(i)[..cols]) });
+            }
+        }
+    }
+
+    /// The pair's input as its products see it: `x` itself, or `x` through the step's
+    /// dropout mask (into the temporaries' input buffer).
+    unsafe fn dropped(&self, p: &PairView, n: usize, x: M, tmp: &LoraTemps) -> M {
+        let Some(mask) = p.drop else { return x };
+        let xd = M { cols: p.pair.cols, ..tmp.x };
+        self.each(n, |i| unsafe { mask.apply(i, &x.row(i)[..xd.cols], xd.row_mut(i)) });
+        xd
     }
 }
 

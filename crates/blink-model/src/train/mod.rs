@@ -11,12 +11,14 @@
 //!
 //! `forward` and `backward` mirror a layer's blocks; `head` is the loss; `lora` a pair's
 //! products; `attention` and `elementwise` the per-row pieces; `ctx` runs phases on the
-//! pool; `buffers` holds the work buffers and the saved-activation arena.
+//! pool; `buffers` holds the work buffers and the saved-activation arena; `dropout` the
+//! adapter inputs' dropout masks.
 
 mod attention;
 mod backward;
 mod buffers;
 mod ctx;
+mod dropout;
 pub mod elementwise;
 mod forward;
 mod head;
@@ -29,6 +31,7 @@ use crate::lora::{LoraTarget, LoraTensors};
 use crate::Model;
 use buffers::{Arena, Work, M};
 use ctx::Ctx;
+pub use dropout::{mix64, Dropout};
 use lora::PairView;
 
 /// One training example: its tokens, and which of them are targets (`targets[i]`: token
@@ -87,6 +90,7 @@ pub struct Trainer<'m> {
     ranks: [usize; 7],
     arena: Arena,
     work: Work,
+    dropout: Option<Dropout>,
 }
 
 impl<'m> Trainer<'m> {
@@ -104,7 +108,20 @@ impl<'m> Trainer<'m> {
             .map_err(|_| TrainError::Memory { what: "saved activations", bytes: max_tokens * buffers::saved_per_token(cfg, &ranks) * cfg.n_layers * 4 })?;
         let work = Work::new(cfg, max_tokens, ranks.iter().copied().max().unwrap_or(0));
         let pool = model.pool(threads.max(1)).map_err(|e| TrainError::Threads(e.to_string()))?;
-        Ok(Trainer { model, ctx: Ctx::new(pool, cpu::active(), max_tokens), max_tokens, ranks, arena, work })
+        Ok(Trainer { model, ctx: Ctx::new(pool, cpu::active(), max_tokens), max_tokens, ranks, arena, work, dropout: None })
+    }
+
+    /// The dropout on the adapter's inputs for the steps that follow (`None`, as for
+    /// evaluation: none). A training run sets a new seed for each batch.
+    pub fn set_dropout(&mut self, dropout: Option<Dropout>) -> Result<(), TrainError> {
+        if let Some(d) = dropout.filter(|d| !(0.0..1.0).contains(&d.p)) {
+            return Err(TrainError::Unsupported(format!("a dropout of {} (it must be in [0, 1))", d.p)));
+        }
+        self.dropout = dropout.filter(|d| d.p > 0.0);
+        if self.dropout.is_some() {
+            self.work.for_dropout(&self.model.cfg, self.max_tokens);
+        }
+        Ok(())
     }
 
     /// Bytes of the saved-activation arena and the work buffers.
@@ -194,7 +211,8 @@ impl<'m> Trainer<'m> {
                         Some(g) => (M::of(&mut g.a, p.cols), M::of(&mut g.b, p.rank)),
                         None => (M { ptr: std::ptr::null_mut(), cols: p.cols }, M { ptr: std::ptr::null_mut(), cols: p.rank }),
                     };
-                    Some(PairView { pair: p, scale: params.pair_scale(p.rank), ga, gb })
+                    let drop = self.dropout.map(|d| d.mask(l, LoraTarget::ALL[i]));
+                    Some(PairView { pair: p, scale: params.pair_scale(p.rank), ga, gb, drop })
                 })
             })
             .collect()

@@ -13,12 +13,7 @@ const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Kept apart from seeds so that the seed and epoch mixes never cancel for small values.
 const EPOCH_SALT: u64 = 0x6A09_E667_F3BC_C909;
 
-/// splitmix64's output function: a bijection on u64.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use blink_model::train::mix64;
 
 impl SplitMix64 {
     pub fn new(seed: u64) -> SplitMix64 {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use blink_model::lora::{LoraError, LoraTarget, LoraTensors};
-use blink_model::train::{self, BatchLoss, TrainError, Trainer};
+use blink_model::train::{self, mix64, BatchLoss, Dropout, TrainError, Trainer};
 use blink_model::Model;
 use thiserror::Error;
 
@@ -37,6 +37,8 @@ pub struct FinetuneConfig {
     pub weight_decay: f64,
     /// Clip the gradients' global norm to this (`None`: no clipping).
     pub clip: Option<f64>,
+    /// The dropout on each adapter pair's input (0: none); each batch draws its own masks.
+    pub dropout: f32,
     pub seed: u64,
     pub threads: usize,
     /// Write a checkpoint every this many steps (and at the end).
@@ -120,6 +122,9 @@ impl<'m> Finetune<'m> {
         if !cfg.lr.is_finite() || cfg.lr <= 0.0 {
             return Err(FinetuneError::Setting(format!("the learning rate must be a positive number, not {}", cfg.lr)));
         }
+        if !(0.0..1.0).contains(&cfg.dropout) {
+            return Err(FinetuneError::Setting(format!("--dropout must be in [0, 1), not {}", cfg.dropout)));
+        }
         if let Some(c) = cfg.clip.filter(|c| !(c.is_finite() && *c > 0.0)) {
             return Err(FinetuneError::Setting(format!("--clip must be a positive number, not {c}")));
         }
@@ -166,8 +171,10 @@ impl<'m> Finetune<'m> {
     }
 
     /// The loss of the first batch of the first epoch and its gradients for the current
-    /// adapter (the mean over its targets), without a step: `--dump-grads`.
+    /// adapter (the mean over its targets), without a step: `--dump-grads`. With dropout,
+    /// the batch's masks are those its training step draws.
     pub fn first_batch_gradients(&mut self) -> Result<(BatchLoss, LoraTensors), FinetuneError> {
+        self.trainer.set_dropout(self.dropout_for(0, 0))?;
         let batch = &self.plan[0][0];
         let examples = self.examples_of(batch, &self.train);
         let targets: usize = batch.examples.iter().map(|&i| self.train[i].n_targets()).sum();
@@ -186,6 +193,7 @@ impl<'m> Finetune<'m> {
             return Ok(None);
         }
         let batches = pack(&self.eval, &(0..self.eval.len()).collect::<Vec<_>>(), self.cfg.batch_tokens)?;
+        self.trainer.set_dropout(None)?;
         let mut total = BatchLoss::default();
         for b in &batches {
             let examples = self.examples_of(b, &self.eval);
@@ -223,7 +231,7 @@ impl<'m> Finetune<'m> {
                 }
             }
             let finished = self.state.epoch as usize == self.plan.len();
-            if self.cfg.checkpoint_every.is_some_and(|n| n > 0 && (self.state.step % n == 0 || finished)) {
+            if self.cfg.checkpoint_every.is_some_and(|n| n > 0 && (self.state.step.is_multiple_of(n) || finished)) {
                 self.save_checkpoint(dir)?;
                 observer.checkpoint(self.state.step);
             }
@@ -244,13 +252,14 @@ impl<'m> Finetune<'m> {
     /// One optimizer step over batches `range` of `epoch`: (mean loss, tokens, gradient
     /// norm before clipping, rate used).
     fn optimizer_step(&mut self, epoch: usize, range: std::ops::Range<usize>) -> Result<(f64, u64, f64, f64), FinetuneError> {
-        let batches = &self.plan[epoch][range];
+        let batches = &self.plan[epoch][range.clone()];
         let targets: usize = batches.iter().flat_map(|b| &b.examples).map(|&i| self.train[i].n_targets()).sum();
         let weight = 1.0 / targets.max(1) as f32;
         let mut grads = train::zeros_like(&self.state.params);
         let mut loss = BatchLoss::default();
         let mut tokens = 0u64;
-        for b in batches {
+        for (b, index) in batches.iter().zip(range) {
+            self.trainer.set_dropout(self.dropout_for(epoch, index))?;
             let examples = self.examples_of(b, &self.train);
             loss.add(self.trainer.step(&examples, &self.state.params, Some((&mut grads, weight)))?);
             tokens += b.tokens as u64;
@@ -268,6 +277,14 @@ impl<'m> Finetune<'m> {
         let g: Vec<&[f32]> = g.into_iter().map(|s| &*s).collect();
         self.adam.step(&mut init::tensors_mut(&mut self.state.params), &g)?;
         Ok((loss.mean(), tokens, norm, lr))
+    }
+
+    /// Batch `index` of `epoch`'s dropout: its seed a function of the run's seed and the
+    /// batch's place, so a resumed run draws the masks an uninterrupted one would.
+    fn dropout_for(&self, epoch: usize, index: usize) -> Option<Dropout> {
+        const DROPOUT_SALT: u64 = 0xBB67_AE85_84CA_A73B;
+        let place = mix64((epoch as u64) << 32 | index as u64);
+        (self.cfg.dropout > 0.0).then(|| Dropout { p: self.cfg.dropout, seed: mix64(self.cfg.seed ^ DROPOUT_SALT ^ place) })
     }
 
     fn save_checkpoint(&mut self, dir: &Path) -> Result<(), FinetuneError> {

@@ -30,7 +30,7 @@ pub struct Args {
     /// LoRA alpha (the delta is scaled by alpha / rank; default: twice the rank).
     #[arg(long = "alpha")]
     alpha: Option<f32>,
-    /// Dropout on the adapters' inputs (only 0 is supported so far).
+    /// Dropout on each adapter's input during training, as PEFT's lora_dropout.
     #[arg(long = "dropout", default_value_t = 0.0)]
     dropout: f32,
     /// Projections to adapt: q,k,v,o,gate,up,down (or all).
@@ -89,8 +89,8 @@ pub struct Args {
 
 pub fn main(args: Args) -> CliResult {
     args.kernel.apply()?;
-    if args.dropout != 0.0 {
-        return Err(format!("--dropout {}: only 0 is supported so far", args.dropout).into());
+    if !(0.0..1.0).contains(&args.dropout) {
+        return Err(format!("--dropout must be in [0, 1), not {}", args.dropout).into());
     }
     if args.rank == 0 {
         return Err("--rank must be at least 1".into());
@@ -126,6 +126,7 @@ pub fn main(args: Args) -> CliResult {
         },
         weight_decay: args.weight_decay,
         clip: (args.clip > 0.0).then_some(args.clip),
+        dropout: args.dropout,
         seed: args.seed,
         threads,
         checkpoint_every: args.checkpoint_every,
@@ -153,7 +154,7 @@ pub fn main(args: Args) -> CliResult {
     let mut bar = Bar::new(run.total_steps());
     let summary = run.run(out, &mut bar)?;
     bar.finish();
-    write_adapter(out, &args.format, run.params(), model)?;
+    write_adapter(out, &args.format, run.params(), model, args.dropout)?;
     curve::write(out, run.curve()).map_err(|e| format!("{}: {e}", out.display()))?;
     eprintln!("blink: adapter written to {}", out.display());
     if args.json {
@@ -162,11 +163,11 @@ pub fn main(args: Args) -> CliResult {
     Ok(())
 }
 
-fn write_adapter(out: &Path, format: &str, params: &LoraTensors, model: &blink_model::Model) -> CliResult {
+fn write_adapter(out: &Path, format: &str, params: &LoraTensors, model: &blink_model::Model, dropout: f32) -> CliResult {
     if format == "gguf" {
         lora::write_gguf(&out.join("adapter.gguf"), params, &model.cfg, None)?;
     } else {
-        let meta = PeftMeta { base_model_name_or_path: Some(model.cfg.name.clone()), lora_dropout: 0.0 };
+        let meta = PeftMeta { base_model_name_or_path: Some(model.cfg.name.clone()), lora_dropout: dropout };
         lora::write_peft(out, params, &model.cfg, &meta)?;
     }
     Ok(())
