@@ -1,0 +1,57 @@
+//! The state directory of a server that runs fine-tuning jobs (`blink serve --state-dir`):
+//! uploaded files (`files`) and, next, jobs with their events and checkpoints. Everything
+//! in it is written through [`crate::durable`], so a kill -9 at any moment leaves each
+//! record either as it was or as it became, never half-written.
+
+pub mod files;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+
+use crate::data::DataError;
+use crate::durable;
+
+pub use files::{FileRecord, FileStore, PURPOSE_FINE_TUNE};
+
+/// Why the store refused or failed an operation.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the file is not valid fine-tuning data: {0}")]
+    BadData(DataError),
+    #[error("no file with id '{0}'")]
+    NotFound(String),
+    #[error("no space left on the device for {}", .0.display())]
+    NoSpace(PathBuf),
+    #[error("{action} {}: {source}", path.display())]
+    Io { path: PathBuf, action: &'static str, source: std::io::Error },
+}
+
+impl StoreError {
+    fn io(path: &Path, action: &'static str, source: std::io::Error) -> StoreError {
+        if durable::is_no_space(&source) {
+            StoreError::NoSpace(path.to_path_buf())
+        } else {
+            StoreError::Io { path: path.to_path_buf(), action, source }
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, as OpenAI's `created_at`.
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A fresh id: `prefix` and 24 hex digits from the clock, the process and a counter, mixed.
+fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mix = blink_model::train::mix64;
+    let (hi, lo) = (mix(nanos ^ mix(u64::from(std::process::id()))), mix(n ^ mix(nanos.rotate_left(17))));
+    format!("{prefix}{:08x}{lo:016x}", hi as u32)
+}
