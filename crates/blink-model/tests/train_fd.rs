@@ -346,7 +346,8 @@ impl Reference {
         let mut total = (0.0, 0);
         for e in batch {
             let (nll, count) = self.sequence(p, &e.tokens, &e.targets, row0);
-            (total.0 += nll, total.1 += count);
+            total.0 += nll;
+            total.1 += count;
             row0 += e.tokens.len();
         }
         total
@@ -444,8 +445,8 @@ fn check_gradients(name: &str, trainer: &mut Trainer, reference: &Reference, par
         (loss(&plus) - loss(&minus)) / (2.0 * H)
     };
     let (mut worst_dir, mut worst_rand, mut worst_elem) = ((0f64, 0), (0f64, 0), (0f64, 0));
-    for k in 0..p.len() {
-        let gk = &g[k];
+    assert_eq!(p.len(), g.len());
+    for (k, gk) in g.iter().enumerate() {
         let gn = norm(gk);
         assert!(gn > 1e-6, "{name}: {}: gradient is zero", tensor_name(k));
         // Along the gradient, the derivative is |g|.

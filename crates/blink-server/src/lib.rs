@@ -8,7 +8,8 @@
 //! runtime, never on the engine's compute threads.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//! `GET /health`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`, and a chat page at `/`.
+//! `GET /health`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`, the files endpoints
+//! (`/v1/files`, with `--state-dir`), and a chat page at `/`.
 //!
 //! `client` is a small HTTP/SSE client for driving a server (bench-serve, tests).
 

@@ -36,7 +36,7 @@ impl Server {
     pub async fn bind(addr: impl ToSocketAddrs, opts: ServerOptions) -> io::Result<Server> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let app: App = Arc::new(AppState::new(opts));
+        let app: App = Arc::new(AppState::new(opts).map_err(io::Error::other)?);
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(accept_loop(listener, app.clone(), stopped));
         Ok(Server { addr, app, stop, task })

@@ -14,6 +14,8 @@ use blink_model::lora::LoraMix;
 use blink_model::{KvType, TensorPlacement};
 use blink_text::{ChatMessage, ChatTemplate, Tokenizer};
 
+use blink_train::store::{FileStore, StoreError};
+
 use crate::adapters::{AdapterOptions, Adapters};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -31,6 +33,11 @@ pub struct ServerOptions {
     pub body_timeout: Duration,
     /// Time in-flight requests get to finish on shutdown.
     pub shutdown_grace: Duration,
+    /// Where uploaded files (and fine-tuning jobs) are kept; without it those endpoints
+    /// answer 403.
+    pub state_dir: Option<PathBuf>,
+    /// Largest file `POST /v1/files` takes, in bytes.
+    pub max_upload_bytes: usize,
 }
 
 impl Default for ServerOptions {
@@ -41,6 +48,8 @@ impl Default for ServerOptions {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
+            state_dir: None,
+            max_upload_bytes: 100 << 20,
         }
     }
 }
@@ -213,14 +222,18 @@ pub struct AppState {
     pub opts: ServerOptions,
     pub metrics: Metrics,
     ready: OnceLock<Arc<Ready>>,
+    /// Uploaded files, when the server has a state directory.
+    pub files: Option<Arc<FileStore>>,
 }
 
 /// The handle handlers receive.
 pub type App = Arc<AppState>;
 
 impl AppState {
-    pub fn new(opts: ServerOptions) -> AppState {
-        AppState { opts, metrics: Metrics::default(), ready: OnceLock::new() }
+    /// The state for `opts`, with the file store of its state directory opened.
+    pub fn new(opts: ServerOptions) -> Result<AppState, StoreError> {
+        let files = opts.state_dir.as_deref().map(FileStore::open).transpose()?.map(Arc::new);
+        Ok(AppState { opts, metrics: Metrics::default(), ready: OnceLock::new(), files })
     }
 
     /// The loaded model, or 503 while it loads.

@@ -2,6 +2,7 @@
 
 mod chat;
 mod completions;
+mod files;
 mod lora;
 mod misc;
 mod stream;
@@ -12,6 +13,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
@@ -39,6 +41,10 @@ pub fn router(app: App) -> Router {
         .route("/v1/load_lora_adapter", post(lora::load))
         .route("/v1/unload_lora_adapter", post(lora::unload))
         .route("/lora-adapters", get(lora::list).post(lora::set_scales))
+        // Uploads are read under --max-upload-bytes by the handler itself.
+        .route("/v1/files", get(files::list).post(files::create).layer(DefaultBodyLimit::disable()))
+        .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), guard))
@@ -68,6 +74,9 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/load_lora_adapter" => "/v1/load_lora_adapter",
         "/v1/unload_lora_adapter" => "/v1/unload_lora_adapter",
         "/lora-adapters" => "/lora-adapters",
+        "/v1/files" => "/v1/files",
+        p if p.starts_with("/v1/files/") && p.ends_with("/content") => "/v1/files/{id}/content",
+        p if p.starts_with("/v1/files/") => "/v1/files/{id}",
         _ => "other",
     }
 }

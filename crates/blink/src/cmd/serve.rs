@@ -37,6 +37,13 @@ pub struct Args {
     /// Seconds a client gets to send a request's body.
     #[arg(long = "body-timeout", default_value_t = 30.0)]
     body_timeout: f64,
+    /// Directory for uploaded files and fine-tuning jobs (/v1/files); without it those
+    /// endpoints are off.
+    #[arg(long = "state-dir", value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
+    /// Largest file POST /v1/files accepts, in bytes.
+    #[arg(long = "max-upload-bytes", default_value_t = 100 << 20)]
+    max_upload_bytes: usize,
 }
 
 /// How the engine serves the model (shared with `blink bench-serve`).
@@ -161,6 +168,8 @@ pub fn main(args: Args) -> CliResult {
         max_body: args.max_body,
         header_timeout: seconds("header-timeout", args.header_timeout)?,
         body_timeout: seconds("body-timeout", args.body_timeout)?,
+        state_dir: args.state_dir.clone(),
+        max_upload_bytes: args.max_upload_bytes,
         ..ServerOptions::default()
     };
     let runtime = crate::common::io_runtime("blink-http")?;
