@@ -10,6 +10,7 @@
 //! (dequantize, quantize, dot product); [`cpu`] and [`order`] fix the instruction-set path
 //! and the float order of quantized dots; [`gemm`], [`attention`] and [`ops`] are the
 //! kernels the forward pass calls; [`lora`] adds an adapter's delta after a projection.
+//! [`fgemm`] is training's float product; `x86` holds AVX pieces shared across them.
 
 pub mod attention;
 pub mod cpu;
@@ -23,3 +24,5 @@ mod neon;
 pub mod ops;
 pub mod order;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;

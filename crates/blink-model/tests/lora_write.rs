@@ -8,30 +8,16 @@
 //! `$BLINK_LORA_GOLDEN_DIR`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::path::Path;
 
 use blink_gguf::{GgmlType, GgufFile, Value};
 use blink_model::config::RopeOrder;
 use blink_model::lora::{read, write_gguf, write_peft, write_peft_tensors, LoraError, LoraFormat, LoraTarget, LoraTensors, PeftMeta};
-use blink_model::ModelConfig;
 use safetensors::{Dtype, SafeTensors};
 
-const R8: &str = "adapter-r8";
-const R4: &str = "adapter-r4-qv";
-const CONFIG: &str = "adapter_config.json";
-const MODEL: &str = "adapter_model.safetensors";
+mod lora_support;
 
-fn golden() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let candidates: Vec<PathBuf> = std::env::var_os("BLINK_LORA_GOLDEN_DIR").filter(|p| !p.is_empty()).map(PathBuf::from).into_iter().chain([root.join("testdata/golden/lora")]).collect();
-    candidates.iter().find(|d| d.join(R8).is_dir()).cloned().unwrap_or_else(|| panic!("no LoRA golden data in any of {candidates:?}"))
-}
-
-fn gguf_file(name: &str) -> PathBuf {
-    golden().join("gguf").join(format!("{name}.f32.gguf"))
-}
+use lora_support::*;
 
 /// The name llama.cpp's converter gave each golden GGUF (from its directory's name).
 fn gguf_name(name: &str) -> &'static str {
@@ -42,41 +28,8 @@ fn gguf_name(name: &str) -> &'static str {
     }
 }
 
-/// The default model's configuration (SmolLM2-135M: 30 layers, 9 heads, 3 KV heads).
-fn cfg() -> &'static ModelConfig {
-    static CFG: OnceLock<ModelConfig> = OnceLock::new();
-    CFG.get_or_init(|| {
-        let file = GgufFile::open(blink_model::fetch::ensure_default_model().unwrap()).unwrap();
-        ModelConfig::from_gguf(&file).unwrap()
-    })
-}
-
 fn meta() -> PeftMeta {
     PeftMeta { base_model_name_or_path: Some("HuggingFaceTB/SmolLM2-135M-Instruct".into()), lora_dropout: 0.0 }
-}
-
-/// A directory of the test's own, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("blink-lora-write-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Every tensor of a safetensors file: name → (dtype, shape, bytes); and its metadata.
