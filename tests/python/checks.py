@@ -4,6 +4,18 @@ import sys
 import traceback
 
 
+def require_openai():
+    """The official `openai` package; a missing one fails the script (exit 2) with how to
+    install it, never skips it."""
+    try:
+        import openai
+    except ImportError:
+        print("FAIL: the Python package 'openai' is not installed; run "
+              "`python3 -m pip install -r requirements-test.txt` (scripts/test.sh does)", file=sys.stderr)
+        sys.exit(2)
+    return openai
+
+
 def run_checks(checks, arg, label):
     """Run every check on `arg`, print PASS or FAIL (with the traceback) for each and a
     summary line, and exit non-zero if any failed."""

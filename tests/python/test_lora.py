@@ -23,15 +23,11 @@ import threading
 import urllib.error
 import urllib.request
 
-try:
-    import openai
-    from openai import OpenAI
-except ImportError:
-    print("FAIL: the Python package 'openai' is not installed; run "
-          "`python3 -m pip install -r requirements-test.txt` (scripts/test.sh does)", file=sys.stderr)
-    sys.exit(2)
 
-from checks import run_checks  # noqa: E402 - beside this script
+from checks import require_openai, run_checks  # beside this script
+
+openai = require_openai()
+OpenAI = openai.OpenAI
 
 CHECKS = []
 PROMPT = "Once upon a time, there was a little"

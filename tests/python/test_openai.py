@@ -12,18 +12,14 @@ import json
 import os
 import sys
 
-try:
-    import openai
-    from openai import OpenAI
-except ImportError:
-    print("FAIL: the Python package 'openai' is not installed; run "
-          "`python3 -m pip install -r requirements-test.txt` (scripts/test.sh does)", file=sys.stderr)
-    sys.exit(2)
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 GOLDEN = os.path.join(ROOT, "testdata", "golden", "smollm2-135m-instruct-q4_1.json")
 
-from checks import run_checks  # noqa: E402 - beside this script
+from checks import require_openai, run_checks  # beside this script
+
+openai = require_openai()
+OpenAI = openai.OpenAI
 
 CHECKS = []
 
