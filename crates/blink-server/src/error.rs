@@ -145,7 +145,8 @@ impl From<blink_train::store::StoreError> for ApiError {
     fn from(e: blink_train::store::StoreError) -> ApiError {
         use blink_train::store::StoreError;
         match e {
-            StoreError::NotFound(_) => ApiError { code: Some("not_found"), ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", e.to_string()) },
+            StoreError::Conflict(_) => ApiError::invalid(e.to_string()),
+            StoreError::NotFound { .. } => ApiError { code: Some("not_found"), ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", e.to_string()) },
             StoreError::Invalid(_) => ApiError::param("purpose", e.to_string()),
             StoreError::BadData(_) => ApiError { code: Some("invalid_file"), ..ApiError::param("file", e.to_string()) },
             StoreError::NoSpace(_) => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "server_error", e.to_string()),

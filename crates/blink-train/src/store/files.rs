@@ -125,7 +125,7 @@ impl FileStore {
     }
 
     pub fn get(&self, id: &str) -> Result<FileRecord, StoreError> {
-        self.lock().get(id).cloned().ok_or_else(|| StoreError::NotFound(id.to_string()))
+        self.lock().get(id).cloned().ok_or_else(|| StoreError::NotFound { what: "file", id: id.to_string() })
     }
 
     /// The file's content, as uploaded.
@@ -143,7 +143,7 @@ impl FileStore {
     pub fn delete(&self, id: &str) -> Result<(), StoreError> {
         let mut records = self.lock();
         if !records.contains_key(id) {
-            return Err(StoreError::NotFound(id.to_string()));
+            return Err(StoreError::NotFound { what: "file", id: id.to_string() });
         }
         let record = self.record_path(id);
         fs::remove_file(&record).map_err(|e| StoreError::io(&record, "cannot remove", e))?;
@@ -197,8 +197,8 @@ mod tests {
         let store = FileStore::open(&dir).unwrap();
         assert_eq!(store.list(), vec![a.clone()]);
         assert_eq!(store.content(&a.id).unwrap(), GOOD.as_bytes());
-        assert!(matches!(store.get(&b.id), Err(StoreError::NotFound(_))));
-        assert!(matches!(store.delete(&b.id), Err(StoreError::NotFound(_))));
+        assert!(matches!(store.get(&b.id), Err(StoreError::NotFound { .. })));
+        assert!(matches!(store.delete(&b.id), Err(StoreError::NotFound { .. })));
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,9 +1,10 @@
 //! The state directory of a server that runs fine-tuning jobs (`blink serve --state-dir`):
-//! uploaded files (`files`) and, next, jobs with their events and checkpoints. Everything
+//! uploaded files (`files`) and fine-tuning jobs with their events (`jobs`). Everything
 //! in it is written through [`crate::durable`], so a kill -9 at any moment leaves each
 //! record either as it was or as it became, never half-written.
 
 pub mod files;
+pub mod jobs;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +16,7 @@ use crate::data::DataError;
 use crate::durable;
 
 pub use files::{FileRecord, FileStore, PURPOSE_FINE_TUNE};
+pub use jobs::{Hyperparameters, JobEvent, JobRecord, JobSpec, JobStatus, JobStore};
 
 /// Why the store refused or failed an operation.
 #[derive(Debug, Error)]
@@ -23,8 +25,11 @@ pub enum StoreError {
     Invalid(String),
     #[error("the file is not valid fine-tuning data: {0}")]
     BadData(DataError),
-    #[error("no file with id '{0}'")]
-    NotFound(String),
+    #[error("no {what} with id '{id}'")]
+    NotFound { what: &'static str, id: String },
+    /// A request the record's state does not allow (cancelling a finished job, ...).
+    #[error("{0}")]
+    Conflict(String),
     #[error("no space left on the device for {}", .0.display())]
     NoSpace(PathBuf),
     #[error("{action} {}: {source}", path.display())]
