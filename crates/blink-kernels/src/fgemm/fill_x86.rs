@@ -377,24 +377,38 @@ pub(super) unsafe fn transpose_cols(src: *const f32, ld: usize, live: usize, kc:
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn pack_a(a: *const f32, lda: usize, m: usize, k0: usize, kc: usize, mr: usize, out: *mut f32) {
     let k8 = kc / 8 * 8;
-    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for r0 in (0..m).step_by(mr) {
         let rows = mr.min(m - r0);
         let dst = out.add(r0 * kc);
         let src = a.add(r0 * lda + k0);
         for g in (0..rows).step_by(8) {
             let n = 8.min(rows - g);
-            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx);
             let p: [*const f32; 8] = std::array::from_fn(|i| if i < n { src.add((g + i) * lda) } else { ZERO.as_ptr() });
             for k in (0..k8).step_by(8) {
                 let t = transpose8(std::array::from_fn(|i| _mm256_loadu_ps(p[i].add(k))));
-                for (i, v) in t.iter().enumerate() {
-                    let at = dst.add((k + i) * rows + g);
-                    if n == 8 {
-                        _mm256_storeu_ps(at, *v);
-                    } else {
-                        _mm256_maskstore_ps(at, mask, *v);
+                if n == 8 {
+                    for (i, v) in t.iter().enumerate() {
+                        _mm256_storeu_ps(dst.add((k + i) * rows + g), *v);
                     }
+                } else {
+                    // Fewer than eight rows (AVX2's three-row panels): through a buffer, as
+                    // masked stores are slow on AMD cores (microcoded on Zen 1-3).
+                    let mut buf = [0f32; 64];
+                    for (i, v) in t.iter().enumerate() {
+                        _mm256_storeu_ps(buf.as_mut_ptr().add(8 * i), *v);
+                    }
+                    // A copy of a constant length inlines; of `n` floats it would call memmove.
+                    macro_rules! copy_rows {
+                        ($($len:literal)*) => {
+                            match n {
+                                $($len => for (i, lanes) in buf.chunks_exact(8).enumerate() {
+                                    std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst.add((k + i) * rows + g), $len);
+                                },)*
+                                _ => unreachable!("a group holds 1 to 7 rows here"),
+                            }
+                        };
+                    }
+                    copy_rows!(1 2 3 4 5 6 7);
                 }
             }
         }
