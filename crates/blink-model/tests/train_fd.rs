@@ -27,7 +27,8 @@ use std::sync::Arc;
 use blink_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use blink_kernels::quant::{dequantize_row, quantize_weights};
 use blink_model::lora::{LoraFormat, LoraPair, LoraTarget, LoraTensors};
-use blink_model::train::{self, BatchLoss, Dropout, Example, Trainer};
+use blink_model::train::{self, BatchLoss, Dropout, Example, Trainer as PoolTrainer};
+use blink_runtime::numa::NodePool;
 use blink_model::{Model, TensorPlacement};
 
 const VOCAB: usize = 300;
@@ -388,6 +389,26 @@ fn random_adapter(rng: &mut Rng) -> LoraTensors {
     LoraTensors { format: LoraFormat::Peft, alpha: ALPHA, rslora: false, layers }
 }
 
+/// A trainer with a pool of its own.
+struct Trainer<'m> {
+    inner: PoolTrainer<&'m Model>,
+    pool: NodePool,
+}
+
+impl<'m> Trainer<'m> {
+    fn new(model: &'m Model, threads: usize, max_tokens: usize, ranks: [usize; 7]) -> Result<Trainer<'m>, train::TrainError> {
+        Ok(Trainer { inner: PoolTrainer::new(model, max_tokens, ranks)?, pool: model.pool(threads).unwrap() })
+    }
+
+    fn set_dropout(&mut self, dropout: Option<Dropout>) -> Result<(), train::TrainError> {
+        self.inner.set_dropout(dropout)
+    }
+
+    fn step(&mut self, batch: &[Example], params: &LoraTensors, grads: Option<(&mut LoraTensors, f32)>) -> Result<BatchLoss, train::TrainError> {
+        self.inner.step(&self.pool, batch, params, grads)
+    }
+}
+
 /// The step's loss and gradients (from zero) with each target weighted by `weight`.
 fn step(trainer: &mut Trainer, batch: &[Owned], params: &LoraTensors, weight: f32) -> (BatchLoss, LoraTensors) {
     let mut grads = train::zeros_like(params);
@@ -534,6 +555,48 @@ fn check_threads(name: &str, model: &Model, params: &LoraTensors, batch: &[Owned
     }
 }
 
+/// (e) A batch cut into units of 1, 2 or 3 layers gives the bits of the whole step, with
+/// and without gradients.
+fn check_units(name: &str, trainer: &mut Trainer, params: &LoraTensors, batch: &[Owned]) {
+    let (whole_loss, whole) = step(trainer, batch, params, 0.1);
+    let plain = trainer.step(&examples(batch), params, None).unwrap();
+    for layers in [1, 2, 3] {
+        let mut grads = train::zeros_like(params);
+        let t = &mut trainer.inner;
+        t.begin(&examples(batch), Some(0.1)).unwrap();
+        let mut units = 0;
+        let loss = loop {
+            let shape = t.next_unit().unwrap();
+            assert!(shape.rows == batch.iter().map(|e| e.tokens.len()).sum::<usize>(), "{name}: unit rows");
+            units += 1;
+            if let Some(loss) = t.run_unit(&trainer.pool, params, Some(&mut grads), layers).unwrap() {
+                break loss;
+            }
+        };
+        assert!(t.next_unit().is_none(), "{name}: a unit is left after the batch");
+        assert_eq!(units, 2 * LAYERS.div_ceil(layers) + 1, "{name}: units of {layers} layers");
+        assert_eq!(loss.nll_sum.to_bits(), whole_loss.nll_sum.to_bits(), "{name}: units of {layers} layers change the loss");
+        assert!(bits(&grads) == bits(&whole), "{name}: units of {layers} layers change the gradients");
+        t.begin(&examples(batch), None).unwrap();
+        let loss = loop {
+            if let Some(loss) = t.run_unit(&trainer.pool, params, None, layers).unwrap() {
+                break loss;
+            }
+        };
+        assert_eq!(loss, plain, "{name}: units of {layers} layers change the loss without gradients");
+    }
+    // A unit needs a batch, a batch waits for the last one, and one asking for gradients
+    // gets them at its head.
+    let t = &mut trainer.inner;
+    assert!(matches!(t.run_unit(&trainer.pool, params, None, 1), Err(train::TrainError::NoBatch)));
+    t.begin(&examples(batch), Some(0.1)).unwrap();
+    assert!(matches!(t.begin(&examples(batch), None), Err(train::TrainError::Busy)));
+    t.run_unit(&trainer.pool, params, None, usize::MAX).unwrap();
+    assert!(matches!(t.run_unit(&trainer.pool, params, None, 1), Err(train::TrainError::AdapterMismatch(_))));
+    t.abandon();
+    assert!(t.next_unit().is_none());
+}
+
 fn check(name: &str, v: Variant, seed: u64) {
     let (model, reference) = build(&v, seed);
     assert_eq!((model.cfg.n_head_kv, model.cfg.rope.n_dims), (KV_HEADS, v.rope_dims));
@@ -544,6 +607,7 @@ fn check(name: &str, v: Variant, seed: u64) {
     check_loss(name, &mut trainer, &reference, &params, &batch);
     check_gradients(name, &mut trainer, &reference, &params, &batch, &mut rng);
     check_packing(name, &mut trainer, &params, &batch);
+    check_units(name, &mut trainer, &params, &batch);
     check_threads(name, &model, &params, &batch, None);
 }
 

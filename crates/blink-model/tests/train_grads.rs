@@ -46,10 +46,11 @@ fn loss_and_gradients_match_pytorch() {
     let params = lora::read(&golden().join("adapter-r8"), &model.cfg).unwrap();
     let want = reference_grads(&model);
     let mut grads = train::zeros_like(&params);
-    let mut trainer = Trainer::new(&model, 2, 64, [8; 7]).unwrap();
+    let mut trainer = Trainer::new(&model, 64, [8; 7]).unwrap();
+    let pool = model.pool(2).unwrap();
     let example = Example { tokens: &tokens, targets: &targets };
     let n_targets = targets.iter().filter(|&&t| t).count();
-    let loss = trainer.step(&[example], &params, Some((&mut grads, 1.0 / n_targets as f32))).unwrap();
+    let loss = trainer.step(&pool, &[example], &params, Some((&mut grads, 1.0 / n_targets as f32))).unwrap();
     let ref_loss = json["loss"].as_f64().unwrap();
     eprintln!("loss {:.6} (PyTorch {ref_loss:.6}), {} targets, {} correct", loss.mean(), loss.targets, loss.correct);
     assert_eq!(loss.targets, 13);
@@ -72,6 +73,6 @@ fn loss_and_gradients_match_pytorch() {
     eprintln!("worst gradient: {} at {:.2e} relative L2", worst.1, worst.0);
     // The same step again gives the same bits (fixed reduction order).
     let mut again = train::zeros_like(&params);
-    trainer.step(&[example], &params, Some((&mut again, 1.0 / n_targets as f32))).unwrap();
+    trainer.step(&pool, &[example], &params, Some((&mut again, 1.0 / n_targets as f32))).unwrap();
     assert!(again == grads, "a second run of the same step differs");
 }

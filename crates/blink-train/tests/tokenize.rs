@@ -100,8 +100,8 @@ fn the_zorbania_training_set_tokenizes() {
         assert!(!e.targets[0]);
     }
     // And they pack: deterministic, every example once.
-    let batches = pack_epoch(&examples, 512, 1, 0).unwrap();
-    assert_eq!(batches, pack_epoch(&examples, 512, 1, 0).unwrap());
+    let batches = pack_epoch(&examples, 512, usize::MAX, 1, 0).unwrap();
+    assert_eq!(batches, pack_epoch(&examples, 512, usize::MAX, 1, 0).unwrap());
     assert_eq!(batches.iter().map(|b| b.examples.len()).sum::<usize>(), 120);
     assert!(batches.iter().all(|b| b.tokens <= 512));
 }

@@ -68,7 +68,7 @@ impl Run<'_> {
         let cfg = &self.model.cfg;
         let (hd, kv_heads, group) = (cfg.head_dim, cfg.n_head_kv, cfg.n_head / cfg.n_head_kv);
         let scale = 1.0 / (hd as f32).sqrt();
-        let spans: Vec<(usize, usize)> = self.spans().collect();
+        let spans = self.spans;
         let wv = self.w;
         self.ctx.each_with(spans.len() * kv_heads, |item, scratch| unsafe {
             let ((row0, len), kvh) = (spans[item / kv_heads], item % kv_heads);

@@ -1,5 +1,7 @@
-//! How a training step runs its phases on the pool: each phase is one pool run, its
+//! How a training step runs its phases on a pool: each phase is one pool run, its
 //! threads splitting rows, items or a product's columns; the run's end is the barrier.
+//! The pool is lent for each unit of work (the trainer's own, or the serving engine's
+//! when fine-tuning is co-served); the threads' scratch belongs to the trainer.
 
 use blink_kernels::cpu::Isa;
 use blink_kernels::fgemm::{self, BSource, FgemmScratch, OutF32};
@@ -13,19 +15,38 @@ pub(super) struct ThreadScratch {
     pub scores: Vec<f32>,
 }
 
-/// The pool and every thread's scratch.
-pub(super) struct Ctx {
-    pub pool: NodePool,
-    pub isa: Isa,
-    scratch: Vec<std::cell::UnsafeCell<ThreadScratch>>,
+/// Every pool thread's scratch, by global thread index.
+pub(super) struct Scratches(Vec<std::cell::UnsafeCell<ThreadScratch>>);
+
+// SAFETY: thread `i` alone touches element `i`, inside a pool run.
+unsafe impl Sync for Scratches {}
+
+impl Scratches {
+    pub fn new() -> Scratches {
+        Scratches(Vec::new())
+    }
+
+    /// Room for `threads` threads, for steps of up to `max_tokens` tokens (grows only
+    /// when a pool with more threads than before is lent).
+    pub fn ensure(&mut self, threads: usize, max_tokens: usize) {
+        while self.0.len() < threads {
+            self.0.push(std::cell::UnsafeCell::new(ThreadScratch { gemm: FgemmScratch::default(), scores: vec![0.0; max_tokens] }));
+        }
+    }
 }
 
-// SAFETY: thread `i` alone touches `scratch[i]`, inside a pool run.
-unsafe impl Sync for Ctx {}
+/// A lent pool and every thread's scratch.
+pub(super) struct Ctx<'a> {
+    pub pool: &'a NodePool,
+    pub isa: Isa,
+    scratch: &'a Scratches,
+}
 
-impl Ctx {
-    pub fn new(pool: NodePool, isa: Isa, max_tokens: usize) -> Ctx {
-        let scratch = (0..pool.n_threads()).map(|_| std::cell::UnsafeCell::new(ThreadScratch { gemm: FgemmScratch::default(), scores: vec![0.0; max_tokens] })).collect();
+impl<'a> Ctx<'a> {
+    /// # Panics
+    /// When `scratch` has no room for one of the pool's threads ([`Scratches::ensure`]).
+    pub fn new(pool: &'a NodePool, isa: Isa, scratch: &'a Scratches) -> Ctx<'a> {
+        assert!(scratch.0.len() >= pool.n_threads(), "scratch for every pool thread");
         Ctx { pool, isa, scratch }
     }
 
@@ -35,7 +56,7 @@ impl Ctx {
     /// Only from inside a pool run, once per thread at a time.
     #[allow(clippy::mut_from_ref)]
     unsafe fn mine(&self, w: &NodeWorker) -> &mut ThreadScratch {
-        &mut *self.scratch[w.global_tid].get()
+        &mut *self.scratch.0[w.global_tid].get()
     }
 
     /// `f(i)` for `i in 0..n`, split between the threads.

@@ -12,12 +12,12 @@ use crate::lora::LoraTarget;
 
 impl Run<'_> {
     /// The batch's token embeddings into the residual stream, and each row's rope angles.
-    pub(super) unsafe fn embed(&self, tokens: &[u32]) {
+    pub(super) unsafe fn embed(&self) {
         let emb = &self.model.parts[0].token_embd;
         let (x, table) = (self.w.x, self.w.rope);
         let pos: Vec<usize> = self.spans().flat_map(|(_, len)| 0..len).collect();
         self.ctx.each(self.n, |t| unsafe {
-            emb.dequantize_row(tokens[t] as usize, x.row_mut(t));
+            emb.dequantize_row(self.tokens[t] as usize, x.row_mut(t));
             self.model.rope.angles(pos[t], table.row_mut(t));
         });
     }
@@ -78,7 +78,7 @@ impl Run<'_> {
         let cfg = &self.model.cfg;
         let (hd, heads, group) = (cfg.head_dim, cfg.n_head, cfg.n_head / cfg.n_head_kv);
         let scale = 1.0 / (hd as f32).sqrt();
-        let spans: Vec<(usize, usize)> = self.spans().collect();
+        let spans = self.spans;
         self.ctx.each_with(spans.len() * heads, |item, scratch| unsafe {
             let ((row0, len), h) = (spans[item / heads], item % heads);
             let kvh = h / group;

@@ -25,11 +25,11 @@ impl Run<'_> {
     fn predicting_rows(&self) -> (Vec<usize>, Vec<usize>) {
         let mut rows = Vec::new();
         let mut targets = Vec::new();
-        for ((start, _), e) in self.spans().zip(self.batch) {
-            for i in 1..e.tokens.len() {
-                if e.targets[i] {
-                    rows.push(start + i - 1);
-                    targets.push(e.tokens[i] as usize);
+        for (start, len) in self.spans() {
+            for t in start + 1..start + len {
+                if self.targets[t] {
+                    rows.push(t - 1);
+                    targets.push(self.tokens[t] as usize);
                 }
             }
         }

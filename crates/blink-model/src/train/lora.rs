@@ -22,7 +22,7 @@ pub(super) struct PairView<'a> {
     pub drop: Option<PairMask>,
 }
 
-impl Ctx {
+impl Ctx<'_> {
     /// `y += s·B·(A·x)` over `n` tokens; `saved` receives `s·A·x`.
     ///
     /// # Safety

@@ -65,7 +65,7 @@ pub enum DataError {
     #[error("the training data was refused: {0}")]
     BadLines(LineErrors),
     /// Packing was asked for batches that can hold nothing.
-    #[error("the batch size must be at least one token")]
+    #[error("a batch must hold at least one token and one example")]
     ZeroBatch,
     /// An epoch order names an example that does not exist.
     #[error("the epoch order names example {index}, but there are {len} examples")]

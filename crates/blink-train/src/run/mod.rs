@@ -1,4 +1,5 @@
-//! A fine-tuning run: the loop `blink finetune` (and, later, a co-served job) drives.
+//! A fine-tuning run: what `blink finetune` and a co-served job drive, the same code for
+//! both.
 //!
 //! Each optimizer step runs `accum` packed batches through the trainer, with the loss's
 //! gradient weighted by `1 / targets` of the whole step (the mean over its targets), then
@@ -6,23 +7,33 @@
 //! come from the seed, so the whole run is a function of its settings: a run resumed from
 //! a checkpoint (taken between steps) ends bit-identical to one never interrupted.
 //!
+//! The run advances in units (`units`): a few layers of a batch's forward or backward,
+//! its loss head, or the optimizer's update, each on a pool lent for it. `blink
+//! finetune` runs them back to back ([`Finetune::run`]); a serving engine places them in
+//! its steps' slack. The units are the same either way, so the results are too.
+//!
 //! `init` makes the starting adapter and lists its tensors in the optimizer's order;
 //! `curve` writes the loss curve; the checkpoint format is [`crate::checkpoint`]'s.
 
 pub mod curve;
 pub mod init;
+mod units;
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use blink_model::lora::{LoraError, LoraTarget, LoraTensors};
-use blink_model::train::{self, mix64, BatchLoss, Dropout, TrainError, Trainer};
+use blink_model::train::{self, BatchLoss, TrainError, Trainer};
 use blink_model::Model;
+use blink_runtime::numa::NodePool;
 use thiserror::Error;
 
 use crate::checkpoint::{self, CheckpointError, CurvePoint, TrainState};
 use crate::data::{pack, pack_epoch, Batch, DataError, Example};
-use crate::optim::{clip_grad_norm, AdamW, AdamWConfig, Decay, OptimError, Schedule};
+use crate::optim::{AdamW, AdamWConfig, Decay, OptimError, Schedule};
+
+pub use units::{Outcome, Unit};
 
 /// A run's settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,6 +41,8 @@ pub struct FinetuneConfig {
     pub lr: f64,
     pub epochs: u64,
     pub batch_tokens: usize,
+    /// Most examples in a batch (`usize::MAX`: as many as fit in `batch_tokens`).
+    pub batch_examples: usize,
     /// Batches per optimizer step.
     pub accum: usize,
     pub warmup: u64,
@@ -40,7 +53,6 @@ pub struct FinetuneConfig {
     /// The dropout on each adapter pair's input (0: none); each batch draws its own masks.
     pub dropout: f32,
     pub seed: u64,
-    pub threads: usize,
     /// Write a checkpoint every this many steps (and at the end).
     pub checkpoint_every: Option<u64>,
 }
@@ -75,7 +87,9 @@ pub struct Progress {
     pub loss: f64,
     pub lr: f64,
     pub grad_norm: f64,
-    /// Tokens trained over the time this process has trained.
+    /// The step's tokens.
+    pub tokens: u64,
+    /// Tokens trained over the time this process has trained (set by [`Finetune::run`]).
     pub tokens_per_s: f64,
     pub elapsed: Duration,
 }
@@ -98,24 +112,30 @@ pub struct Summary {
     pub eval_accuracy: Option<f64>,
 }
 
-/// A run in progress: data, plan, trainer and state.
-pub struct Finetune<'m> {
+/// A run in progress: data, plan, trainer and state. `H` holds the model (`&Model`, or
+/// an `Arc<Model>` shared with a serving engine).
+pub struct Finetune<H: Deref<Target = Model>> {
     cfg: FinetuneConfig,
     train: Vec<Example>,
     eval: Vec<Example>,
-    /// Each epoch's batches.
+    /// Each epoch's batches, and the evaluation set's.
     plan: Vec<Vec<Batch>>,
+    eval_plan: Vec<Batch>,
     total_steps: u64,
     schedule: Schedule,
-    trainer: Trainer<'m>,
+    trainer: Trainer<H>,
     adam: AdamW,
     state: TrainState,
+    /// Where the run is between units, and what the current step has gathered.
+    cursor: units::Cursor,
+    /// The step of the last checkpoint written (or resumed from).
+    saved_step: Option<u64>,
 }
 
-impl<'m> Finetune<'m> {
+impl<H: Deref<Target = Model>> Finetune<H> {
     /// Set a run up from `init`; `fingerprint` names its data, model and settings (a
     /// checkpoint of another run is refused on resume).
-    pub fn new(model: &'m Model, cfg: FinetuneConfig, train: Vec<Example>, eval: Vec<Example>, init: LoraTensors, fingerprint: String) -> Result<Finetune<'m>, FinetuneError> {
+    pub fn new(model: H, cfg: FinetuneConfig, train: Vec<Example>, eval: Vec<Example>, init: LoraTensors, fingerprint: String) -> Result<Finetune<H>, FinetuneError> {
         if cfg.epochs == 0 || cfg.accum == 0 {
             return Err(FinetuneError::Setting("--epochs and --accum must be at least 1".into()));
         }
@@ -128,21 +148,39 @@ impl<'m> Finetune<'m> {
         if let Some(c) = cfg.clip.filter(|c| !(c.is_finite() && *c > 0.0)) {
             return Err(FinetuneError::Setting(format!("--clip must be a positive number, not {c}")));
         }
-        let plan = (0..cfg.epochs).map(|e| pack_epoch(&train, cfg.batch_tokens, cfg.seed, e)).collect::<Result<Vec<_>, _>>()?;
-        if !eval.is_empty() {
-            pack(&eval, &(0..eval.len()).collect::<Vec<_>>(), cfg.batch_tokens)?;
-        }
+        let plan = (0..cfg.epochs).map(|e| pack_epoch(&train, cfg.batch_tokens, cfg.batch_examples, cfg.seed, e)).collect::<Result<Vec<_>, _>>()?;
+        let eval_plan = if eval.is_empty() { Vec::new() } else { pack(&eval, &(0..eval.len()).collect::<Vec<_>>(), cfg.batch_tokens, cfg.batch_examples)? };
         let total_steps = plan.iter().map(|b| b.len().div_ceil(cfg.accum) as u64).sum();
         let schedule = Schedule::new(cfg.lr, cfg.warmup.min(total_steps), total_steps, cfg.decay)?;
-        let trainer = Trainer::new(model, cfg.threads, cfg.batch_tokens, init::ranks(&init))?;
+        let trainer = Trainer::new(model, cfg.batch_tokens, init::ranks(&init))?;
         let sizes: Vec<usize> = init::tensors(&init).iter().map(|t| t.len()).collect();
         let adam = AdamW::new(AdamWConfig::new(cfg.lr, cfg.weight_decay), &sizes)?;
+        let cursor = units::Cursor::new(&init);
         let state = TrainState { params: init, adam_steps: 0, adam_m: Vec::new(), adam_v: Vec::new(), step: 0, epoch: 0, batch: 0, trained_tokens: 0, curve: Vec::new(), fingerprint };
-        Ok(Finetune { cfg, train, eval, plan, total_steps, schedule, trainer, adam, state })
+        let mut run = Finetune { cfg, train, eval, plan, eval_plan, total_steps, schedule, trainer, adam, state, cursor, saved_step: None };
+        run.next_step();
+        Ok(run)
+    }
+
+    pub fn config(&self) -> &FinetuneConfig {
+        &self.cfg
+    }
+
+    pub fn model(&self) -> &Model {
+        self.trainer.model()
     }
 
     pub fn total_steps(&self) -> u64 {
         self.total_steps
+    }
+
+    /// Optimizer steps done.
+    pub fn steps_done(&self) -> u64 {
+        self.state.step
+    }
+
+    pub fn trained_tokens(&self) -> u64 {
+        self.state.trained_tokens
     }
 
     /// The adapter as trained so far.
@@ -160,6 +198,7 @@ impl<'m> Finetune<'m> {
     }
 
     /// Continue from the checkpoint in `dir`, if there is one; returns whether there was.
+    /// Only between optimizer steps (a run just set up, or at a commit point).
     pub fn resume(&mut self, dir: &Path) -> Result<bool, FinetuneError> {
         let Some(state) = checkpoint::load(dir)? else { return Ok(false) };
         if state.fingerprint != self.state.fingerprint || init::ranks(&state.params) != init::ranks(&self.state.params) {
@@ -167,134 +206,149 @@ impl<'m> Finetune<'m> {
         }
         self.adam = AdamW::from_state(*self.adam.config(), state.adam_steps, state.adam_m.clone(), state.adam_v.clone())?;
         self.state = state;
+        self.state.adam_m = Vec::new();
+        self.state.adam_v = Vec::new();
+        self.saved_step = Some(self.state.step);
+        self.trainer.abandon();
+        self.next_step();
         Ok(true)
     }
 
     /// The loss of the first batch of the first epoch and its gradients for the current
     /// adapter (the mean over its targets), without a step: `--dump-grads`. With dropout,
     /// the batch's masks are those its training step draws.
-    pub fn first_batch_gradients(&mut self) -> Result<(BatchLoss, LoraTensors), FinetuneError> {
+    pub fn first_batch_gradients(&mut self, pool: &NodePool) -> Result<(BatchLoss, LoraTensors), FinetuneError> {
+        self.trainer.abandon();
         self.trainer.set_dropout(self.dropout_for(0, 0))?;
         let batch = &self.plan[0][0];
-        let examples = self.examples_of(batch, &self.train);
+        let examples = examples_of(batch, &self.train);
         let targets: usize = batch.examples.iter().map(|&i| self.train[i].n_targets()).sum();
         let mut grads = train::zeros_like(&self.state.params);
-        let loss = self.trainer.step(&examples, &self.state.params, Some((&mut grads, 1.0 / targets.max(1) as f32)))?;
+        let loss = self.trainer.step(pool, &examples, &self.state.params, Some((&mut grads, 1.0 / targets.max(1) as f32)))?;
+        self.next_step();
         Ok((loss, grads))
     }
 
-    fn examples_of<'e>(&self, batch: &Batch, set: &'e [Example]) -> Vec<train::Example<'e>> {
-        batch.examples.iter().map(|&i| train::Example { tokens: &set[i].tokens, targets: &set[i].targets }).collect()
-    }
-
-    /// The evaluation set's mean loss and token accuracy with the current adapter.
-    pub fn evaluate(&mut self) -> Result<Option<(f64, f64)>, FinetuneError> {
-        if self.eval.is_empty() {
-            return Ok(None);
-        }
-        let batches = pack(&self.eval, &(0..self.eval.len()).collect::<Vec<_>>(), self.cfg.batch_tokens)?;
-        self.trainer.set_dropout(None)?;
-        let mut total = BatchLoss::default();
-        for b in &batches {
-            let examples = self.examples_of(b, &self.eval);
-            total.add(self.trainer.step(&examples, &self.state.params, None)?);
-        }
-        Ok(Some((total.mean(), total.correct as f64 / total.targets.max(1) as f64)))
-    }
-
-    /// Run (or finish) the run, checkpointing into `dir` as asked.
-    pub fn run(&mut self, dir: &Path, observer: &mut dyn Observer) -> Result<Summary, FinetuneError> {
+    /// Run (or finish) the run on `pool`, unit after unit, checkpointing into `dir` as
+    /// asked.
+    pub fn run(&mut self, pool: &NodePool, dir: &Path, observer: &mut dyn Observer) -> Result<Summary, FinetuneError> {
         let started = Instant::now();
         let mut tokens_here = 0u64;
-        while (self.state.epoch as usize) < self.plan.len() {
-            let epoch = self.state.epoch as usize;
-            let n_batches = self.plan[epoch].len();
-            let first = self.state.batch as usize;
-            let last = (first + self.cfg.accum).min(n_batches);
-            let (loss, tokens, grad_norm, lr) = self.optimizer_step(epoch, first..last)?;
-            tokens_here += tokens;
-            self.state.step += 1;
-            self.state.trained_tokens += tokens;
-            self.state.batch = last as u64;
-            let epoch_done = last == n_batches;
-            self.state.curve.push(CurvePoint { step: self.state.step, epoch: epoch as u64, train_loss: loss, lr, tokens: self.state.trained_tokens, eval_loss: None, eval_accuracy: None });
-            let elapsed = started.elapsed();
-            let progress = Progress { step: self.state.step, total_steps: self.total_steps, epoch: epoch as u64, loss, lr, grad_norm, tokens_per_s: tokens_here as f64 / elapsed.as_secs_f64().max(1e-9), elapsed };
-            observer.step(&progress);
-            if epoch_done {
-                self.state.epoch += 1;
-                self.state.batch = 0;
-                if let Some((loss, acc)) = self.evaluate()? {
-                    let p = self.state.curve.last_mut().expect("a point was just pushed");
-                    (p.eval_loss, p.eval_accuracy) = (Some(loss), Some(acc));
-                    observer.eval(epoch as u64, loss, acc);
+        loop {
+            match self.run_unit(pool, usize::MAX)? {
+                Outcome::Working => {}
+                Outcome::Stepped(mut progress) => {
+                    tokens_here += progress.tokens;
+                    progress.elapsed = started.elapsed();
+                    progress.tokens_per_s = tokens_here as f64 / progress.elapsed.as_secs_f64().max(1e-9);
+                    observer.step(&progress);
                 }
+                Outcome::Evaluated { epoch, loss, accuracy } => observer.eval(epoch, loss, accuracy),
+                Outcome::Finished => break,
             }
-            let finished = self.state.epoch as usize == self.plan.len();
-            if self.cfg.checkpoint_every.is_some_and(|n| n > 0 && (self.state.step.is_multiple_of(n) || finished)) {
+            if self.checkpoint_due() {
                 self.save_checkpoint(dir)?;
                 observer.checkpoint(self.state.step);
             }
         }
+        if self.checkpoint_due() {
+            self.save_checkpoint(dir)?;
+            observer.checkpoint(self.state.step);
+        }
         let secs = started.elapsed().as_secs_f64();
+        Ok(Summary { tokens_per_s: if secs > 0.0 { tokens_here as f64 / secs } else { 0.0 }, ..self.summary() })
+    }
+
+    /// The run's figures so far (without a rate: that depends on who timed it).
+    pub fn summary(&self) -> Summary {
         let last = self.state.curve.last();
         let last_eval = self.state.curve.iter().rev().find(|p| p.eval_loss.is_some());
-        Ok(Summary {
+        Summary {
             steps: self.state.step,
             trained_tokens: self.state.trained_tokens,
-            tokens_per_s: if secs > 0.0 { tokens_here as f64 / secs } else { 0.0 },
+            tokens_per_s: 0.0,
             train_loss: last.map(|p| p.train_loss),
             eval_loss: last_eval.and_then(|p| p.eval_loss),
             eval_accuracy: last_eval.and_then(|p| p.eval_accuracy),
-        })
+        }
     }
 
-    /// One optimizer step over batches `range` of `epoch`: (mean loss, tokens, gradient
-    /// norm before clipping, rate used).
-    fn optimizer_step(&mut self, epoch: usize, range: std::ops::Range<usize>) -> Result<(f64, u64, f64, f64), FinetuneError> {
-        let batches = &self.plan[epoch][range.clone()];
-        let targets: usize = batches.iter().flat_map(|b| &b.examples).map(|&i| self.train[i].n_targets()).sum();
-        let weight = 1.0 / targets.max(1) as f32;
-        let mut grads = train::zeros_like(&self.state.params);
-        let mut loss = BatchLoss::default();
-        let mut tokens = 0u64;
-        for (b, index) in batches.iter().zip(range) {
-            self.trainer.set_dropout(self.dropout_for(epoch, index))?;
-            let examples = self.examples_of(b, &self.train);
-            loss.add(self.trainer.step(&examples, &self.state.params, Some((&mut grads, weight)))?);
-            tokens += b.tokens as u64;
-        }
-        let mut g = init::tensors_mut(&mut grads);
-        let norm = match self.cfg.clip {
-            Some(max) => clip_grad_norm(&mut g, max)?,
-            None => crate::optim::grad_norm(&g),
-        };
-        if !norm.is_finite() {
-            return Err(OptimError::NonFinite(norm).into());
-        }
-        let lr = self.schedule.lr(self.state.step);
-        self.adam.set_lr(lr)?;
-        let g: Vec<&[f32]> = g.into_iter().map(|s| &*s).collect();
-        self.adam.step(&mut init::tensors_mut(&mut self.state.params), &g)?;
-        Ok((loss.mean(), tokens, norm, lr))
+    /// Whether a checkpoint is due: the run is between optimizer steps, `checkpoint_every`
+    /// steps have passed since the last one (or the run is over), and none was written
+    /// at this step.
+    pub fn checkpoint_due(&self) -> bool {
+        let Some(every) = self.cfg.checkpoint_every.filter(|&n| n > 0) else { return false };
+        self.at_commit_point() && self.saved_step != Some(self.state.step) && (self.state.step.is_multiple_of(every) || self.is_finished())
+    }
+
+    /// Whether every unit has run.
+    pub fn is_finished(&self) -> bool {
+        self.cursor.is_done()
+    }
+
+    /// Whether the run is between optimizer steps (and their evaluation): what a
+    /// checkpoint taken now holds is a committed step.
+    pub fn at_commit_point(&self) -> bool {
+        self.cursor.at_commit_point()
+    }
+
+    /// The run's state to checkpoint now (the optimizer's moments included): call at a
+    /// commit point, then [`Finetune::mark_saved`] once it is durably written.
+    pub fn checkpoint_state(&self) -> TrainState {
+        let mut state = self.state.clone();
+        state.adam_steps = self.adam.steps();
+        (state.adam_m, state.adam_v) = (0..self.adam.n_tensors()).map(|i| self.adam.moments(i).map(|(m, v)| (m.to_vec(), v.to_vec())).expect("a moment per tensor")).unzip();
+        state
+    }
+
+    /// A checkpoint of step `step` has been written.
+    pub fn mark_saved(&mut self, step: u64) {
+        self.saved_step = Some(step);
+    }
+
+    /// Write the checkpoint into `dir` now.
+    pub fn save_checkpoint(&mut self, dir: &Path) -> Result<(), FinetuneError> {
+        checkpoint::save(dir, &self.checkpoint_state())?;
+        self.mark_saved(self.state.step);
+        Ok(())
     }
 
     /// Batch `index` of `epoch`'s dropout: its seed a function of the run's seed and the
     /// batch's place, so a resumed run draws the masks an uninterrupted one would.
-    fn dropout_for(&self, epoch: usize, index: usize) -> Option<Dropout> {
+    fn dropout_for(&self, epoch: usize, index: usize) -> Option<train::Dropout> {
         const DROPOUT_SALT: u64 = 0xBB67_AE85_84CA_A73B;
-        let place = mix64((epoch as u64) << 32 | index as u64);
-        (self.cfg.dropout > 0.0).then(|| Dropout { p: self.cfg.dropout, seed: mix64(self.cfg.seed ^ DROPOUT_SALT ^ place) })
+        let place = train::mix64((epoch as u64) << 32 | index as u64);
+        (self.cfg.dropout > 0.0).then(|| train::Dropout { p: self.cfg.dropout, seed: train::mix64(self.cfg.seed ^ DROPOUT_SALT ^ place) })
     }
+}
 
-    fn save_checkpoint(&mut self, dir: &Path) -> Result<(), FinetuneError> {
-        self.state.adam_steps = self.adam.steps();
-        (self.state.adam_m, self.state.adam_v) = (0..self.adam.n_tensors()).map(|i| self.adam.moments(i).map(|(m, v)| (m.to_vec(), v.to_vec())).expect("a moment per tensor")).unzip();
-        checkpoint::save(dir, &self.state)?;
-        // The moments live in the optimizer; the state keeps only the saved copy's place.
-        (self.state.adam_m, self.state.adam_v) = (Vec::new(), Vec::new());
-        Ok(())
+/// A name for a run's data, model, starting adapter and settings (FNV-1a over them; the
+/// model by path and size), so a checkpoint of another run is refused on resume. `extra`
+/// adds settings outside [`FinetuneConfig`] that change the result (the output format).
+pub fn fingerprint(model: &Path, train: &[Example], eval: &[Example], params: &LoraTensors, cfg: &FinetuneConfig, extra: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    let size = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
+    eat(format!("{}|{size}", model.display()).as_bytes());
+    for e in train.iter().chain(eval) {
+        e.tokens.iter().for_each(|t| eat(&t.to_le_bytes()));
+        e.targets.iter().for_each(|&t| eat(&[u8::from(t)]));
+        eat(b";");
     }
+    for t in init::tensors(params) {
+        t.iter().for_each(|v| eat(&v.to_bits().to_le_bytes()));
+    }
+    let settings = FinetuneConfig { checkpoint_every: None, ..cfg.clone() };
+    eat(format!("{settings:?}|{extra}|{}", params.alpha).as_bytes());
+    format!("{h:016x}")
+}
+
+fn examples_of<'e>(batch: &Batch, set: &'e [Example]) -> Vec<train::Example<'e>> {
+    batch.examples.iter().map(|&i| train::Example { tokens: &set[i].tokens, targets: &set[i].targets }).collect()
 }
 
 /// The targets named on the command line (`q,k,v,o,gate,up,down`, or `all`).

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use blink_model::lora::{self, LoraTensors, PeftMeta};
 use blink_model::TensorPlacement;
-use blink_train::data::{load_examples, Example};
+use blink_train::data::load_examples;
 use blink_train::optim::Decay;
-use blink_train::run::{curve, init, parse_targets, FinetuneConfig, Finetune, Observer, Progress, Summary};
+use blink_train::run::{curve, fingerprint, init, parse_targets, FinetuneConfig, Finetune, Observer, Progress, Summary};
 
 use crate::common::{load_model_placed, resolve_threads, CliResult, KernelArgs, ModelArgs};
 
@@ -44,6 +44,10 @@ pub struct Args {
     /// Tokens per packed batch (whole examples; none may be longer).
     #[arg(long = "batch-tokens", default_value_t = 512)]
     batch_tokens: usize,
+    /// Most examples per batch (default: as many as fit in --batch-tokens), as the
+    /// `batch_size` of OpenAI's fine-tuning jobs.
+    #[arg(long = "batch-size", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    batch_size: Option<u64>,
     /// Batches per optimizer step (gradient accumulation).
     #[arg(long = "accum", default_value_t = 1)]
     accum: usize,
@@ -117,6 +121,7 @@ pub fn main(args: Args) -> CliResult {
         lr: args.lr,
         epochs: args.epochs,
         batch_tokens: args.batch_tokens,
+        batch_examples: args.batch_size.map_or(usize::MAX, |n| n as usize),
         accum: args.accum,
         warmup: args.warmup,
         decay: match args.schedule.as_str() {
@@ -128,14 +133,14 @@ pub fn main(args: Args) -> CliResult {
         clip: (args.clip > 0.0).then_some(args.clip),
         dropout: args.dropout,
         seed: args.seed,
-        threads,
         checkpoint_every: args.checkpoint_every,
     };
-    let fingerprint = fingerprint(&args, &model_path, &train, &eval, &params, &cfg);
+    let fingerprint = fingerprint(&model_path, &train, &eval, &params, &cfg, &args.format);
     let mut run = Finetune::new(model, cfg, train, eval, params, fingerprint)?;
+    let pool = model.pool(threads).map_err(|e| format!("cannot start the compute threads: {e}"))?;
 
     if let Some(file) = &args.dump_grads {
-        let (loss, grads) = run.first_batch_gradients()?;
+        let (loss, grads) = run.first_batch_gradients(&pool)?;
         lora::write_peft_tensors(file, &grads, &model.cfg)?;
         outln!("loss {:.6} over {} targets", loss.mean(), loss.targets)?;
         return Ok(());
@@ -152,7 +157,7 @@ pub fn main(args: Args) -> CliResult {
         run.buffer_bytes() as f64 / (1 << 20) as f64
     );
     let mut bar = Bar::new(run.total_steps());
-    let summary = run.run(out, &mut bar)?;
+    let summary = run.run(&pool, out, &mut bar)?;
     bar.finish();
     write_adapter(out, &args.format, run.params(), model, args.dropout)?;
     curve::write(out, run.curve()).map_err(|e| format!("{}: {e}", out.display()))?;
@@ -175,28 +180,6 @@ fn write_adapter(out: &Path, format: &str, params: &LoraTensors, model: &blink_m
 
 /// What makes one run the same as another: the data, the model, the starting adapter and
 /// every setting that changes the numbers (threads and checkpoint spacing do not).
-fn fingerprint(args: &Args, model: &Path, train: &[Example], eval: &[Example], params: &LoraTensors, cfg: &FinetuneConfig) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
-    let size = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
-    eat(format!("{}|{size}", model.display()).as_bytes());
-    for e in train.iter().chain(eval) {
-        e.tokens.iter().for_each(|t| eat(&t.to_le_bytes()));
-        e.targets.iter().for_each(|&t| eat(&[u8::from(t)]));
-        eat(b";");
-    }
-    for t in blink_train::run::init::tensors(params) {
-        t.iter().for_each(|v| eat(&v.to_bits().to_le_bytes()));
-    }
-    let settings = FinetuneConfig { threads: 0, checkpoint_every: None, ..cfg.clone() };
-    eat(format!("{settings:?}|{}|{}", args.format, params.alpha).as_bytes());
-    format!("{h:016x}")
-}
-
 fn summary_json(s: &Summary) -> String {
     serde_json::json!({
         "steps": s.steps,

@@ -1,0 +1,207 @@
+//! The run's units of work and where the run is between them. An optimizer step is its
+//! batches, each cut into forward units (a few layers each), the loss head and backward
+//! units, then the optimizer's update; an epoch's end adds the evaluation batches'
+//! forward units and heads. Whoever drives the run asks for the next unit
+//! ([`Finetune::next_unit`], to size it) and runs it ([`Finetune::run_unit`]).
+
+use std::ops::Deref;
+
+use blink_model::lora::LoraTensors;
+use blink_model::train::{self, BatchLoss, UnitShape};
+use blink_model::Model;
+use blink_runtime::numa::NodePool;
+
+use super::{examples_of, init, Finetune, FinetuneError, Progress};
+use crate::checkpoint::{CurvePoint, TrainState};
+use crate::optim::{clip_grad_norm, grad_norm, OptimError};
+
+/// The run's next unit, as a scheduler sizes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// A piece of a training or evaluation batch's pass.
+    Batch(UnitShape),
+    /// The optimizer's update of `params` adapter parameters (clipping included).
+    Optimizer { params: usize },
+}
+
+/// What a unit did.
+#[derive(Clone, Copy, Debug)]
+pub enum Outcome {
+    /// A piece of a batch ran.
+    Working,
+    /// An optimizer step ended. The run is at a commit point unless the epoch ended and
+    /// its evaluation follows.
+    Stepped(Progress),
+    /// The evaluation after epoch `epoch` (0-based) ended.
+    Evaluated { epoch: u64, loss: f64, accuracy: f64 },
+    /// Every unit has run.
+    Finished,
+}
+
+/// Where the run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pos {
+    /// Batch `at` of the current step, whose batches end before `end` (of the state's
+    /// epoch); `staged` once the trainer holds it.
+    Train { at: usize, end: usize, staged: bool },
+    Optimizer,
+    /// Evaluation batch `at`.
+    Eval { at: usize, staged: bool },
+    Done,
+}
+
+/// The position and what the current step (or evaluation) has gathered so far.
+pub(super) struct Cursor {
+    pos: Pos,
+    grads: LoraTensors,
+    /// The step's loss, tokens and the weight of each of its targets.
+    loss: BatchLoss,
+    tokens: u64,
+    weight: f32,
+    eval: BatchLoss,
+}
+
+impl Cursor {
+    pub fn new(params: &LoraTensors) -> Cursor {
+        Cursor { pos: Pos::Done, grads: train::zeros_like(params), loss: BatchLoss::default(), tokens: 0, weight: 0.0, eval: BatchLoss::default() }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.pos == Pos::Done
+    }
+
+    /// Between steps: at a step's first batch, not yet begun, or done.
+    pub fn at_commit_point(&self) -> bool {
+        match self.pos {
+            Pos::Train { staged, .. } => !staged && self.tokens == 0,
+            Pos::Done => true,
+            Pos::Optimizer | Pos::Eval { .. } => false,
+        }
+    }
+}
+
+impl<H: Deref<Target = Model>> Finetune<H> {
+    /// The next unit (staging its batch in the trainer if need be), or `None` when the
+    /// run is over.
+    pub fn next_unit(&mut self) -> Result<Option<Unit>, FinetuneError> {
+        match self.cursor.pos {
+            Pos::Done => return Ok(None),
+            Pos::Optimizer => return Ok(Some(Unit::Optimizer { params: init::tensors(&self.state.params).iter().map(|t| t.len()).sum() })),
+            Pos::Train { at, end, staged: false } => {
+                let epoch = self.state.epoch as usize;
+                if at == self.state.batch as usize {
+                    let step_batches = &self.plan[epoch][at..end];
+                    let targets: usize = step_batches.iter().flat_map(|b| &b.examples).map(|&i| self.train[i].n_targets()).sum();
+                    self.cursor.weight = 1.0 / targets.max(1) as f32;
+                }
+                self.trainer.set_dropout(self.dropout_for(epoch, at))?;
+                self.trainer.begin(&examples_of(&self.plan[epoch][at], &self.train), Some(self.cursor.weight))?;
+                self.cursor.pos = Pos::Train { at, end, staged: true };
+            }
+            Pos::Eval { at, staged: false } => {
+                self.trainer.set_dropout(None)?;
+                self.trainer.begin(&examples_of(&self.eval_plan[at], &self.eval), None)?;
+                self.cursor.pos = Pos::Eval { at, staged: true };
+            }
+            Pos::Train { staged: true, .. } | Pos::Eval { staged: true, .. } => {}
+        }
+        Ok(Some(Unit::Batch(self.trainer.next_unit().expect("a staged batch has a unit left"))))
+    }
+
+    /// Run the next unit on `pool`, a batch's forward or backward taking at most
+    /// `max_layers` layers (at least one).
+    pub fn run_unit(&mut self, pool: &NodePool, max_layers: usize) -> Result<Outcome, FinetuneError> {
+        if self.next_unit()?.is_none() {
+            return Ok(Outcome::Finished);
+        }
+        match self.cursor.pos {
+            Pos::Train { at, end, .. } => {
+                let c = &mut self.cursor;
+                if let Some(loss) = self.trainer.run_unit(pool, &self.state.params, Some(&mut c.grads), max_layers)? {
+                    c.loss.add(loss);
+                    c.tokens += self.plan[self.state.epoch as usize][at].tokens as u64;
+                    c.pos = if at + 1 == end { Pos::Optimizer } else { Pos::Train { at: at + 1, end, staged: false } };
+                }
+                Ok(Outcome::Working)
+            }
+            Pos::Optimizer => self.optimizer_step().map(Outcome::Stepped),
+            Pos::Eval { at, .. } => {
+                let Some(loss) = self.trainer.run_unit(pool, &self.state.params, None, max_layers)? else { return Ok(Outcome::Working) };
+                self.cursor.eval.add(loss);
+                if at + 1 < self.eval_plan.len() {
+                    self.cursor.pos = Pos::Eval { at: at + 1, staged: false };
+                    return Ok(Outcome::Working);
+                }
+                let total = std::mem::take(&mut self.cursor.eval);
+                let (loss, accuracy) = (total.mean(), total.correct as f64 / total.targets.max(1) as f64);
+                let p = self.state.curve.last_mut().expect("a step came before its evaluation");
+                (p.eval_loss, p.eval_accuracy) = (Some(loss), Some(accuracy));
+                self.next_step();
+                Ok(Outcome::Evaluated { epoch: self.state.epoch - 1, loss, accuracy })
+            }
+            Pos::Done => Ok(Outcome::Finished),
+        }
+    }
+
+    /// Clipping, the scheduled rate and AdamW over the step's gradients; then the
+    /// bookkeeping, and on to the evaluation or the next step.
+    fn optimizer_step(&mut self) -> Result<Progress, FinetuneError> {
+        let c = &mut self.cursor;
+        let mut g = init::tensors_mut(&mut c.grads);
+        let norm = match self.cfg.clip {
+            Some(max) => clip_grad_norm(&mut g, max)?,
+            None => grad_norm(&g),
+        };
+        if !norm.is_finite() {
+            return Err(OptimError::NonFinite(norm).into());
+        }
+        let lr = self.schedule.lr(self.state.step);
+        self.adam.set_lr(lr)?;
+        let g: Vec<&[f32]> = g.into_iter().map(|s| &*s).collect();
+        self.adam.step(&mut init::tensors_mut(&mut self.state.params), &g)?;
+
+        let epoch = self.state.epoch as usize;
+        let end = self.plan[epoch].len().min(self.state.batch as usize + self.cfg.accum);
+        let (loss, tokens) = (c.loss.mean(), c.tokens);
+        let s = &mut self.state;
+        s.step += 1;
+        s.trained_tokens += tokens;
+        s.batch = end as u64;
+        s.curve.push(CurvePoint { step: s.step, epoch: epoch as u64, train_loss: loss, lr, tokens: s.trained_tokens, eval_loss: None, eval_accuracy: None });
+        let progress = Progress { step: s.step, total_steps: self.total_steps, epoch: epoch as u64, loss, lr, grad_norm: norm, tokens, tokens_per_s: 0.0, elapsed: Default::default() };
+        if end == self.plan[epoch].len() {
+            s.epoch += 1;
+            s.batch = 0;
+            if !self.eval_plan.is_empty() {
+                self.cursor.pos = Pos::Eval { at: 0, staged: false };
+                return Ok(progress);
+            }
+        }
+        self.next_step();
+        Ok(progress)
+    }
+
+    /// Position the cursor at the state's next step, with nothing gathered.
+    pub(super) fn next_step(&mut self) {
+        self.cursor.restart(&self.state, &self.plan, self.cfg.accum);
+    }
+}
+
+impl Cursor {
+    /// At `state`'s next step (or done), its gradients zeroed.
+    pub fn restart(&mut self, state: &TrainState, plan: &[Vec<crate::data::Batch>], accum: usize) {
+        let epoch = state.epoch as usize;
+        self.pos = match plan.get(epoch) {
+            Some(batches) => {
+                let at = state.batch as usize;
+                Pos::Train { at, end: batches.len().min(at + accum), staged: false }
+            }
+            None => Pos::Done,
+        };
+        for p in self.grads.layers.iter_mut().flatten().flatten() {
+            p.a.fill(0.0);
+            p.b.fill(0.0);
+        }
+        (self.loss, self.tokens, self.eval) = (BatchLoss::default(), 0, BatchLoss::default());
+    }
+}
