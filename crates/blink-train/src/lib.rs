@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod jobs;
 mod durable;
 pub mod optim;
 pub mod run;

@@ -298,8 +298,8 @@ impl<H: Deref<Target = Model>> Trainer<H> {
                         run.embed();
                     }
                     let end = next.saturating_add(k).min(n_layers);
-                    for l in next..end {
-                        run.layer_forward(l, &saved(l), &views[l]);
+                    for (l, pairs) in views.iter().enumerate().take(end).skip(next) {
+                        run.layer_forward(l, &saved(l), pairs);
                     }
                     (if end == n_layers { Phase::Head } else { Phase::Forward { next: end } }, None)
                 }

@@ -179,6 +179,11 @@ impl<H: Deref<Target = Model>> Finetune<H> {
         self.state.step
     }
 
+    /// Epochs whose every step is done.
+    pub fn epochs_done(&self) -> u64 {
+        self.state.epoch
+    }
+
     pub fn trained_tokens(&self) -> u64 {
         self.state.trained_tokens
     }

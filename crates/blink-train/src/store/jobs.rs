@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use super::{new_id, unix_now, StoreError};
 use crate::durable;
 
-const TEMP_PREFIX: &str = ".job.tmp-";
+/// What temporary files in a job's directory start with (swept when the store opens).
+pub(crate) const TEMP_PREFIX: &str = ".job.tmp-";
 
 /// Where a job is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,184 @@
+//! The executor side of the jobs: it holds the run the worker handed over and runs its
+//! units, each sized to the time it is offered, on whatever pool it is lent. Between
+//! units it reads the job's control flags (a cancel stops at once; a pause at the next
+//! commit point, so no finished step is thrown away), and at each commit point that is
+//! due it takes the run's state and reports it, for the worker to write.
+
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blink_model::Model;
+use blink_runtime::numa::NodePool;
+
+use super::worker::{Control, Msg, Report};
+use crate::run::{Finetune, Outcome, Unit};
+
+/// A job's run in the executor's hands.
+pub(crate) struct Active {
+    id: String,
+    run: Finetune<Arc<Model>>,
+    control: Arc<Control>,
+    /// Epochs done at the last commit.
+    committed_epochs: u64,
+}
+
+impl Active {
+    pub fn new(id: String, run: Finetune<Arc<Model>>, control: Arc<Control>) -> Active {
+        let committed_epochs = run.epochs_done();
+        Active { id, run, control, committed_epochs }
+    }
+}
+
+/// What the executor accepted to run next: the unit and the layers it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    pub unit: Unit,
+    /// For a batch's forward or backward, the layers it covers (at least one).
+    pub layers: usize,
+}
+
+/// Runs the jobs' units, fed by the worker.
+pub struct Executor {
+    incoming: Receiver<Active>,
+    reports: Sender<Msg>,
+    active: Option<Active>,
+    accepted: Option<Accepted>,
+    /// Whether the worker is gone (the service stopped): nothing more will come.
+    closed: bool,
+}
+
+impl Executor {
+    pub(crate) fn new(incoming: Receiver<Active>, reports: Sender<Msg>) -> Executor {
+        Executor { incoming, reports, active: None, accepted: None, closed: false }
+    }
+
+    /// Take the run the worker handed over, if one came.
+    fn poll(&mut self) {
+        if self.active.is_some() {
+            return;
+        }
+        match self.incoming.try_recv() {
+            Ok(a) => self.active = Some(a),
+            Err(TryRecvError::Disconnected) => self.closed = true,
+            Err(TryRecvError::Empty) => {}
+        }
+    }
+
+    /// Whether a job's run is waiting for units.
+    pub fn has_work(&mut self) -> bool {
+        self.poll();
+        self.active.is_some()
+    }
+
+    /// Block until a run comes; `false` once the service has stopped.
+    pub fn wait(&mut self) -> bool {
+        while self.active.is_none() {
+            match self.incoming.recv() {
+                Ok(a) => self.active = Some(a),
+                Err(_) => {
+                    self.closed = true;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    fn report(&self, r: Report) {
+        let _ = self.reports.send(Msg::Report(r));
+    }
+
+    /// The next unit, sized to `free`: the most layers of a forward or backward whose
+    /// `price` fits (at least one), or a head or optimizer update that fits whole; `None`
+    /// when nothing fits or there is no job. Applies the job's control flags first.
+    pub fn offer(&mut self, free: Duration, price: &dyn Fn(&Accepted) -> Duration) -> Option<Accepted> {
+        self.poll();
+        self.accepted = None;
+        let a = self.active.as_mut()?;
+        if a.control.cancelled() || (a.control.paused() && a.run.at_commit_point()) {
+            let id = a.id.clone();
+            self.active = None;
+            self.report(Report::Released { id });
+            return None;
+        }
+        let unit = match a.run.next_unit() {
+            Ok(Some(u)) => u,
+            Ok(None) => {
+                self.finish();
+                return None;
+            }
+            Err(e) => {
+                self.fail(e.to_string());
+                return None;
+            }
+        };
+        let fits = |layers: usize| price(&Accepted { unit, layers }) <= free;
+        let accepted = match unit {
+            Unit::Batch(shape) if shape.layers > 0 => {
+                // The price grows with the layers: the largest count that fits.
+                let (mut lo, mut hi) = (0, shape.layers);
+                while lo < hi {
+                    let mid = (lo + hi).div_ceil(2);
+                    if fits(mid) {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                (lo > 0).then_some(Accepted { unit, layers: lo })
+            }
+            _ => fits(0).then_some(Accepted { unit, layers: 0 }),
+        };
+        self.accepted = accepted;
+        accepted
+    }
+
+    /// Run the unit last accepted on `pool`; then commit, finish or fail as the run says.
+    pub fn run(&mut self, pool: &NodePool) {
+        let (Some(accepted), Some(a)) = (self.accepted.take(), self.active.as_mut()) else { return };
+        match a.run.run_unit(pool, accepted.layers.max(1)) {
+            Ok(Outcome::Finished) => self.finish(),
+            Ok(_) => {
+                self.commit_if_due();
+                if self.active.as_ref().is_some_and(|a| a.run.is_finished()) {
+                    self.finish();
+                }
+            }
+            Err(e) => self.fail(e.to_string()),
+        }
+    }
+
+    /// At a commit point where a checkpoint is due or an epoch has ended since the last
+    /// commit: report the state.
+    fn commit_if_due(&mut self) {
+        let Some(a) = self.active.as_mut() else { return };
+        let epochs = a.run.epochs_done();
+        if !(a.run.at_commit_point() && (a.run.checkpoint_due() || epochs > a.committed_epochs)) {
+            return;
+        }
+        let state = a.run.checkpoint_state();
+        a.run.mark_saved(state.step);
+        let epoch_ended = (epochs > a.committed_epochs).then(|| epochs - 1);
+        a.committed_epochs = epochs;
+        let id = a.id.clone();
+        self.report(Report::Commit { id, state: Box::new(state), epoch_ended });
+    }
+
+    fn finish(&mut self) {
+        self.commit_if_due();
+        if let Some(a) = self.active.take() {
+            self.report(Report::Finished { id: a.id, params: Box::new(a.run.params().clone()), trained_tokens: a.run.trained_tokens() });
+        }
+    }
+
+    fn fail(&mut self, error: String) {
+        if let Some(a) = self.active.take() {
+            self.report(Report::Failed { id: a.id, error });
+        }
+    }
+}
