@@ -15,6 +15,7 @@
 
 mod api;
 mod execute;
+pub mod latency;
 mod plan;
 pub mod policy;
 mod schedule;

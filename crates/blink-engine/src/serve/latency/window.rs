@@ -1,0 +1,205 @@
+//! Recent relative errors per kind of step: for each kind, rings of the last N errors of
+//! the online and of the frozen offline model, the margin taken from them, and the order
+//! statistics (median, quantile) read from them. The rings and the scratch space for
+//! sorting are allocated once; recording an error allocates nothing.
+
+use super::features::StepKind;
+
+/// The last `capacity` values pushed, in no particular order.
+pub(super) struct Ring {
+    values: Box<[f64]>,
+    len: usize,
+    next: usize,
+}
+
+impl Ring {
+    pub fn new(capacity: usize) -> Ring {
+        Ring { values: vec![0.0; capacity.max(1)].into_boxed_slice(), len: 0, next: 0 }
+    }
+
+    pub fn push(&mut self, v: f64) {
+        self.values[self.next] = v;
+        self.next = (self.next + 1) % self.values.len();
+        self.len = (self.len + 1).min(self.values.len());
+    }
+
+    pub fn values(&self) -> &[f64] {
+        &self.values[..self.len]
+    }
+}
+
+/// The nearest-rank `q`-quantile of `values` (the ⌈q·n⌉-th smallest, so a 0.95 quantile
+/// is never below 95% of them); `values` is reordered. `values` must not be empty.
+pub(super) fn quantile(values: &mut [f64], q: f64) -> f64 {
+    let n = values.len();
+    let rank = ((q * n as f64).ceil() as usize).clamp(1, n);
+    *values.select_nth_unstable_by(rank - 1, f64::total_cmp).1
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `values` is
+/// reordered. `values` must not be empty.
+pub(super) fn median(values: &mut [f64]) -> f64 {
+    let n = values.len();
+    let (below, upper, _) = values.select_nth_unstable_by(n / 2, f64::total_cmp);
+    let upper = *upper;
+    if n % 2 == 1 {
+        upper
+    } else {
+        let lower = below.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lower + upper) / 2.0
+    }
+}
+
+/// One kind's prediction errors, as [`super::LatencyModel::errors`] reports them. Errors
+/// are relative, `(actual − predicted) / predicted`, each taken before the observation
+/// updates the online model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KindError {
+    pub kind: StepKind,
+    /// Observations of this kind so far (the medians cover the last window of them).
+    pub count: u64,
+    /// Median |relative error| of the online model; `None` before any observation.
+    pub median_online: Option<f64>,
+    /// Median |relative error| of the frozen offline model on the same steps.
+    pub median_offline: Option<f64>,
+    /// The margin predictions of this kind get: `predicted × (1 + margin)`.
+    pub margin: f64,
+    /// Whether `margin` is the quantile of recent errors (false: too few observations
+    /// yet, it is the conservative default).
+    pub margin_from_data: bool,
+}
+
+struct KindTrack {
+    online: Ring,
+    offline: Ring,
+    count: u64,
+    /// The quantile of the online model's recent under-predictions, once there are enough.
+    margin: Option<f64>,
+}
+
+/// Every kind's errors and margin.
+pub(super) struct ErrorTracker {
+    kinds: [KindTrack; StepKind::ALL.len()],
+    scratch: Vec<f64>,
+    quantile: f64,
+    min_samples: usize,
+    default_margin: f64,
+}
+
+impl ErrorTracker {
+    /// Rings of `window` errors; margins are the `quantile` of the last errors once a kind
+    /// has `min_samples` of them, `default_margin` before.
+    pub fn new(window: usize, quantile: f64, min_samples: usize, default_margin: f64) -> ErrorTracker {
+        let window = window.max(1);
+        ErrorTracker {
+            kinds: std::array::from_fn(|_| KindTrack { online: Ring::new(window), offline: Ring::new(window), count: 0, margin: None }),
+            scratch: Vec::with_capacity(window),
+            quantile,
+            min_samples: min_samples.clamp(1, window),
+            default_margin,
+        }
+    }
+
+    /// Records one observation's relative errors and updates the kind's margin.
+    pub fn record(&mut self, kind: StepKind, online: f64, offline: f64) {
+        let k = &mut self.kinds[kind.index()];
+        k.online.push(online);
+        k.offline.push(offline);
+        k.count += 1;
+        if k.online.values().len() >= self.min_samples {
+            self.scratch.clear();
+            self.scratch.extend(k.online.values().iter().map(|e| e.max(0.0)));
+            k.margin = Some(quantile(&mut self.scratch, self.quantile));
+        }
+    }
+
+    pub fn margin(&self, kind: StepKind) -> f64 {
+        self.kinds[kind.index()].margin.unwrap_or(self.default_margin)
+    }
+
+    /// Every kind's figures, in [`StepKind::ALL`]'s order.
+    pub fn report(&mut self) -> Vec<KindError> {
+        let mut out = Vec::with_capacity(StepKind::ALL.len());
+        for kind in StepKind::ALL {
+            let k = &self.kinds[kind.index()];
+            let mut abs_median = |ring: &Ring| {
+                (!ring.values().is_empty()).then(|| {
+                    self.scratch.clear();
+                    self.scratch.extend(ring.values().iter().map(|e| e.abs()));
+                    median(&mut self.scratch)
+                })
+            };
+            out.push(KindError {
+                kind,
+                count: k.count,
+                median_online: abs_median(&k.online),
+                median_offline: abs_median(&k.offline),
+                margin: k.margin.unwrap_or(self.default_margin),
+                margin_from_data: k.margin.is_some(),
+            });
+        }
+        out
+    }
+
+    /// Capacity of the scratch space and of every ring, for tests that nothing grows.
+    #[cfg(test)]
+    pub fn capacities(&self) -> (usize, usize) {
+        (self.scratch.capacity(), self.kinds[0].online.values.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_keeps_the_last_values() {
+        let mut r = Ring::new(3);
+        assert!(r.values().is_empty());
+        for v in 1..=5 {
+            r.push(v as f64);
+        }
+        let mut got = r.values().to_vec();
+        got.sort_by(f64::total_cmp);
+        assert_eq!(got, [3.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn order_statistics() {
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(quantile(&mut v, 0.95), 95.0);
+        assert_eq!(quantile(&mut v, 0.951), 96.0);
+        assert_eq!(quantile(&mut v, 1.0), 100.0);
+        assert_eq!(quantile(&mut v, 0.0), 1.0);
+        assert_eq!(median(&mut v), 50.5);
+        let mut v = vec![3.0, 1.0, 2.0];
+        assert_eq!(median(&mut v), 2.0);
+        assert_eq!(median(&mut [7.0]), 7.0);
+    }
+
+    #[test]
+    fn margin_is_the_default_until_enough_errors_then_the_quantile_of_under_predictions() {
+        let mut t = ErrorTracker::new(100, 0.9, 10, 0.5);
+        for i in 0..9 {
+            t.record(StepKind::Decode, 0.01 * i as f64, 0.0);
+        }
+        assert_eq!(t.margin(StepKind::Decode), 0.5);
+        assert!(!t.report()[0].margin_from_data);
+        t.record(StepKind::Decode, 0.09, 0.0);
+        // 0.00 … 0.09: the ⌈0.9·10⌉ = 9th smallest is 0.08.
+        assert!((t.margin(StepKind::Decode) - 0.08).abs() < 1e-15);
+        // Over-predictions count as zero: 90 more at −0.2 leave 10 positive of 100.
+        for _ in 0..90 {
+            t.record(StepKind::Decode, -0.2, 0.0);
+        }
+        assert_eq!(t.margin(StepKind::Decode), 0.0);
+        // Other kinds are untouched.
+        assert_eq!(t.margin(StepKind::Prefill), 0.5);
+        let r = t.report();
+        assert_eq!(r[0].count, 100);
+        assert_eq!(r[0].median_online, Some(0.2));
+        assert_eq!(r[0].median_offline, Some(0.0));
+        assert_eq!(r[1].median_online, None);
+        assert_eq!(t.capacities(), (100, 100));
+    }
+}
