@@ -8,6 +8,7 @@ pub mod client;
 pub mod finetune;
 pub mod info;
 pub mod perplexity;
+pub mod replay;
 pub mod run;
 pub mod serve;
 pub mod tokenize;
