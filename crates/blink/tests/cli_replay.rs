@@ -38,7 +38,7 @@ fn assert_well_formed(svg: &str) {
         }
         let close = rest[open..].find('>').map(|c| open + c).expect("an unclosed tag");
         let tag = &rest[open + 1..close];
-        assert!(tag.matches('"').count() % 2 == 0 && !tag.contains('<'), "bad tag <{tag}>");
+        assert!(tag.matches('"').count().is_multiple_of(2) && !tag.contains('<'), "bad tag <{tag}>");
         if let Some(name) = tag.strip_prefix('/') {
             assert_eq!(stack.pop(), Some(name.trim()), "closing </{name}>");
         } else if !tag.ends_with('/') {

@@ -183,7 +183,6 @@ impl Summary {
 
     /// The readable report.
     pub fn table(&self) -> String {
-        let t = &self.trace;
         let mut out = format!("{}, over {:.1} s\n\n", self.title(), self.seconds);
         out += "| latency | p50 | p95 | p99 | mean |\n|:--|--:|--:|--:|--:|\n";
         for (name, d) in [("TTFT", &self.ttft), ("TPOT", &self.tpot), ("end to end", &self.e2e)] {
@@ -203,7 +202,7 @@ impl Summary {
             row("capacity (probe)", format!("{:.2} req/s ({} requests of {} + {} tokens, {} at a time, {:.1} s)", c.rps, c.requests, c.prompt_tokens, c.max_tokens, c.concurrency, c.seconds));
         }
         let offered = match (&self.capacity, self.target_utilization) {
-            (Some(c), Some(u)) => format!("offered {u:.2} of capacity ({:.2})", t.offered_rps / c.rps),
+            (Some(_), Some(u)) => format!("offered {u:.2} of capacity"),
             _ => "offered: not measured (--utilization probes it)".into(),
         };
         let busy = self.busy.map_or("engine busy: absent (no blink_engine_compute_seconds_total)".into(), |b| format!("engine busy {b:.3}"));
