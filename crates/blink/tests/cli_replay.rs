@@ -128,6 +128,7 @@ fn bad_input_is_a_clear_error() {
         (vec!["-n", "5"], "a generated trace needs --rate R"),
         (vec!["--rate", "1", "--shape", "square"], "unknown shape 'square'"),
         (vec!["--rate", "1", "--prompt-tokens", "9:3"], "--prompt-tokens: '9:3' is not a length"),
+        (vec!["--rate", "1", "--svg", "/nonexistent-blink-dir/r.svg"], "--svg: /nonexistent-blink-dir is not a directory"),
         (vec!["--rate", "1", "--url", "http://127.0.0.1:9"], "the server cannot be reached: cannot connect to 127.0.0.1:9"),
     ] {
         let out = blink(&[&["replay"], args.as_slice()].concat());

@@ -126,6 +126,11 @@ pub fn main(args: Args) -> CliResult {
         return Err("--probe-concurrency and --probe-rounds must be at least 1".into());
     }
     let ids = prompts::parse_ids(&args.token_ids)?;
+    for (flag, path) in [("--svg", &args.svg), ("--save-trace", &args.save_trace)] {
+        if let Some(dir) = path.as_ref().and_then(|p| p.parent()).filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+            return Err(format!("{flag}: {} is not a directory", dir.display()).into());
+        }
+    }
     let client_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("blink-replay").enable_all().build()?;
     let (server_rt, url, server) = match &args.target.url {
         Some(url) => (None, url.clone(), None),
