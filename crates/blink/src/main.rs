@@ -52,6 +52,8 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Load-test a server with concurrent streaming clients.
     BenchServe(cmd::bench_serve::Args),
+    /// Replay a request trace open-loop against a server: latency against SLO targets.
+    Replay(Box<cmd::replay::Args>),
     /// Fine-tune a LoRA adapter on chat JSONL, on the frozen quantized model.
     Finetune(cmd::finetune::Args),
     /// Show a model's architecture, hyper-parameters, tensor types and tokenizer.
@@ -84,7 +86,7 @@ fn llama_cpp_spellings(args: Vec<std::ffi::OsString>, serving: bool) -> Vec<std:
 
 fn main() {
     let args: Vec<_> = std::env::args_os().collect();
-    let serving = args.get(1).is_some_and(|c| c == "serve" || c == "bench-serve");
+    let serving = args.get(1).is_some_and(|c| c == "serve" || c == "bench-serve" || c == "replay");
     if !serving {
         // Like other command-line tools, end quietly when the reader of our output goes
         // away (`blink info | head`): Rust ignores SIGPIPE, which turns every later print
@@ -104,6 +106,7 @@ fn main() {
         Command::Bench(a) => cmd::bench::main(a),
         Command::Serve(a) => cmd::serve::main(a),
         Command::BenchServe(a) => cmd::bench_serve::main(a),
+        Command::Replay(a) => cmd::replay::main(*a),
     };
     if let Err(e) = result {
         // One line, whatever the error chain.

@@ -15,21 +15,13 @@
 use std::time::Instant;
 
 use blink_server::client::Client;
-use blink_server::metrics::sample;
-use blink_server::{Server, ServerOptions};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::cmd::serve::EngineArgs;
-use crate::common::{CliResult, ModelArgs};
+use crate::cmd::client::{engine_seconds, ms, percentile, ready, timed_stream, Target, Timing};
+use crate::common::CliResult;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A running server (http://HOST:PORT); default: start one in-process.
-    #[arg(long)]
-    url: Option<String>,
-    /// API key to send.
-    #[arg(long = "api-key")]
-    api_key: Option<String>,
     /// Concurrent clients to test (comma-separated).
     #[arg(long = "concurrency", value_delimiter = ',', default_value = "1,4,16")]
     concurrency: Vec<usize>,
@@ -40,9 +32,7 @@ pub struct Args {
     #[arg(long = "max-tokens", default_value_t = 64)]
     max_tokens: usize,
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    engine: EngineArgs,
+    target: Target,
 }
 
 /// The prompt set: short questions and a few long instructions.
@@ -57,13 +47,6 @@ const PROMPTS: [&str; 8] = [
     "Give me three tips for learning a new language.",
 ];
 
-/// What one request measured.
-struct Sample {
-    ttft: f64,
-    tpot: Option<f64>,
-    tokens: usize,
-}
-
 pub fn main(args: Args) -> CliResult {
     if args.concurrency.is_empty() || args.concurrency.contains(&0) {
         return Err("--concurrency needs positive numbers".into());
@@ -76,25 +59,9 @@ pub fn main(args: Args) -> CliResult {
 }
 
 async fn run(args: Args) -> CliResult {
-    let (client, server) = match &args.url {
-        Some(url) => (Client::new(url)?.with_api_key(args.api_key.clone()), None),
-        None => {
-            args.engine.kernel.apply()?;
-            let path = args.model.path()?;
-            let server = Server::start("127.0.0.1:0", ServerOptions::default(), args.engine.options(path)?).await?;
-            let url = format!("http://{}", server.addr());
-            eprintln!(
-                "blink bench-serve: started a server at {url} (kernel {}, {} dot order)",
-                blink_kernels::cpu::active(),
-                blink_kernels::order::active()
-            );
-            (Client::new(&url)?, Some(server))
-        }
-    };
-    let health = client.get("/health").await?;
-    if health.status != 200 {
-        return Err(format!("the server is not ready: /health answered {}", health.status).into());
-    }
+    let (url, server) = args.target.server("bench-serve").await?;
+    let client = args.target.client(&url)?;
+    ready(&client).await?;
     for prompt in PROMPTS {
         one(&client, prompt, 1).await?;
     }
@@ -105,11 +72,11 @@ async fn run(args: Args) -> CliResult {
     outln!("|{:-<13}|{:->10}|{:->9}|{:->12}|{:->11}|{:->11}|{:->11}|{:->11}|{:->8}|", ":", ":", ":", ":", ":", ":", ":", ":", ":")?;
     for &c in &args.concurrency {
         let n = args.requests.unwrap_or((4 * c).max(8));
-        let before = engine_seconds(&client).await;
+        let before = engine_counters(&client).await;
         let t0 = Instant::now();
         let samples = level(&client, c, n, args.max_tokens).await?;
         let wall = t0.elapsed().as_secs_f64();
-        let after = engine_seconds(&client).await;
+        let after = engine_counters(&client).await;
         let f_ctrl = match (before, after) {
             (Some((s0, c0)), Some((s1, c1))) if s1 > s0 => format!("{:.3}", 1.0 - (c1 - c0) / (s1 - s0)),
             _ => "n/a".into(),
@@ -137,7 +104,7 @@ async fn run(args: Args) -> CliResult {
 }
 
 /// Run `n` requests, `c` at a time.
-async fn level(client: &Client, c: usize, n: usize, max_tokens: usize) -> Result<Vec<Sample>, String> {
+async fn level(client: &Client, c: usize, n: usize, max_tokens: usize) -> Result<Vec<Timing>, String> {
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = Vec::with_capacity(c);
     for _ in 0..c {
@@ -161,7 +128,7 @@ async fn level(client: &Client, c: usize, n: usize, max_tokens: usize) -> Result
 }
 
 /// One streaming chat completion, timed.
-async fn one(client: &Client, prompt: &str, max_tokens: usize) -> Result<Sample, String> {
+async fn one(client: &Client, prompt: &str, max_tokens: usize) -> Result<Timing, String> {
     let body = json!({
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
@@ -170,49 +137,10 @@ async fn one(client: &Client, prompt: &str, max_tokens: usize) -> Result<Sample,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let start = Instant::now();
-    let mut stream = client.stream("/v1/chat/completions", &body).await?;
-    let (mut first, mut last, mut tokens) = (None, None, 0);
-    while let Some(data) = stream.next_event().await? {
-        if data == "[DONE]" {
-            break;
-        }
-        let v: Value = serde_json::from_str(&data).map_err(|e| format!("bad event ({e}): {data}"))?;
-        if let Some(err) = v.get("error") {
-            return Err(format!("the server reported an error: {err}"));
-        }
-        let content = v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
-        if !content.is_empty() {
-            let now = start.elapsed();
-            first.get_or_insert(now);
-            last = Some(now);
-        }
-        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-            tokens = n as usize;
-        }
-    }
-    let first = first.unwrap_or_else(|| start.elapsed());
-    let last = last.unwrap_or(first);
-    let tpot = (tokens > 1).then(|| (last - first).as_secs_f64() / (tokens - 1) as f64);
-    Ok(Sample { ttft: first.as_secs_f64(), tpot, tokens })
+    timed_stream(client, "/v1/chat/completions", &body).await
 }
 
 /// The engine's cumulative step and compute seconds, from /metrics.
-async fn engine_seconds(client: &Client) -> Option<(f64, f64)> {
-    let text = client.get("/metrics").await.ok()?.text();
-    Some((sample(&text, "blink_engine_step_seconds_total")?, sample(&text, "blink_engine_compute_seconds_total")?))
+async fn engine_counters(client: &Client) -> Option<(f64, f64)> {
+    engine_seconds(&client.get("/metrics").await.ok()?.text())
 }
-
-fn percentile(v: &mut [f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() - 1) as f64 * q).round() as usize;
-    Some(v[i.min(v.len() - 1)])
-}
-
-fn ms(v: Option<f64>) -> String {
-    v.map_or_else(|| "n/a".into(), |s| format!("{:.1} ms", s * 1e3))
-}
-

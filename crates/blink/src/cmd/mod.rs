@@ -1,11 +1,14 @@
-//! One module per subcommand.
+//! One module per subcommand, and `client`: the client side the load-driving ones
+//! (`bench-serve`, `replay`) share.
 
 pub mod bench;
 pub mod bench_serve;
 pub mod chat;
+pub mod client;
 pub mod finetune;
 pub mod info;
 pub mod perplexity;
+pub mod replay;
 pub mod run;
 pub mod serve;
 pub mod tokenize;

@@ -1,0 +1,108 @@
+//! What a replay reads from the server's `/metrics`, tolerantly: a metric the server does
+//! not export (or a server without `/metrics`) is absent, never an error.
+//!
+//! - `blink_engine_compute_seconds_total`: seconds of forward passes, for the engine's busy
+//!   fraction (its increase over wall time);
+//! - `blink_finetune_trained_tokens_total`: fine-tuning tokens committed (co-serving);
+//! - `blink_latency_model_relative_error{kind="..."}`: the step-time predictor's median
+//!   relative error, per kind of step.
+
+use std::time::Instant;
+
+use blink_server::client::Client;
+use blink_server::metrics::sample;
+
+pub const COMPUTE: &str = "blink_engine_compute_seconds_total";
+pub const TRAINED: &str = "blink_finetune_trained_tokens_total";
+pub const PREDICTOR: &str = "blink_latency_model_relative_error";
+
+/// One reading of `/metrics`.
+#[derive(Clone, Debug, Default)]
+pub struct Scrape {
+    /// Seconds from the replay's start.
+    pub at: f64,
+    pub compute_seconds: Option<f64>,
+    pub trained_tokens: Option<f64>,
+    /// `(kind, error)` per kind of step.
+    pub predictor_error: Vec<(String, f64)>,
+}
+
+impl Scrape {
+    /// Read `/metrics` now; `at` is measured from `start`. A failed request gives a
+    /// reading with nothing in it.
+    pub async fn take(client: &Client, start: Instant) -> Scrape {
+        let text = match client.get("/metrics").await {
+            Ok(r) if r.status == 200 => r.text(),
+            _ => String::new(),
+        };
+        Scrape { at: start.elapsed().as_secs_f64(), ..Scrape::parse(&text) }
+    }
+
+    pub fn parse(text: &str) -> Scrape {
+        Scrape { at: 0.0, compute_seconds: sample(text, COMPUTE), trained_tokens: sample(text, TRAINED), predictor_error: by_label(text, PREDICTOR, "kind") }
+    }
+}
+
+/// The samples of metric `name` as `(value of label, sample)`, in the exposition's order.
+/// Samples without that label are left out.
+pub fn by_label(text: &str, name: &str, label: &str) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once('}') else {
+            continue;
+        };
+        let Ok(value) = value.split_whitespace().next().unwrap_or("").parse::<f64>() else {
+            continue;
+        };
+        if let Some(v) = label_value(labels, label) {
+            out.push((v, value));
+        }
+    }
+    out
+}
+
+/// The value of `label` in a Prometheus label set (`a="x",b="y"`, with `\"` and `\\`
+/// escapes).
+fn label_value(labels: &str, label: &str) -> Option<String> {
+    let mut rest = labels;
+    loop {
+        let (key, after) = rest.split_once('=')?;
+        let after = after.strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (_, '\\') => value.push(chars.next()?.1),
+                (i, '"') => break i,
+                (_, c) => value.push(c),
+            }
+        };
+        if key.trim().trim_start_matches(',').trim() == label {
+            return Some(value);
+        }
+        rest = &after[end + 1..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn present_and_absent_metrics() {
+        let text = "# HELP x\nblink_engine_compute_seconds_total 12.5\nblink_finetune_trained_tokens_total 300\n\
+                    blink_latency_model_relative_error{kind=\"decode\"} 0.04\n\
+                    blink_latency_model_relative_error{model=\"a,b\",kind=\"prefill \\\"x\\\"\"} 0.12 1700000000\n\
+                    blink_latency_model_relative_error_count{kind=\"decode\"} 9\n";
+        let s = Scrape::parse(text);
+        assert_eq!((s.compute_seconds, s.trained_tokens), (Some(12.5), Some(300.0)));
+        assert_eq!(s.predictor_error, vec![("decode".to_string(), 0.04), ("prefill \"x\"".to_string(), 0.12)]);
+        let none = Scrape::parse("blink_requests_total{endpoint=\"/\",status=\"200\"} 1\n");
+        assert_eq!((none.compute_seconds, none.trained_tokens, none.predictor_error.len()), (None, None, 0));
+        assert!(Scrape::parse("").predictor_error.is_empty());
+        assert!(by_label("m{kind=\"a\"} nan?\nm{kind=\"b} 1\nm{other=\"c\"} 2\n", "m", "kind").is_empty());
+    }
+}

@@ -1,0 +1,224 @@
+//! A replay's summary: latency percentiles (TTFT, TPOT, end to end), SLO attainment,
+//! throughput, the engine's busy fraction, the fine-tuning rate and the latency
+//! predictor's error when the server exports them, and how late the client sent; printed
+//! as a table or as one JSON object.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::probe::Capacity;
+use super::run::{Outcome, Run};
+use super::scrape::{Scrape, PREDICTOR, TRAINED};
+use crate::cmd::client::{ms, percentile};
+
+/// Latency targets; a request attains them when it did not fail and its TTFT and TPOT
+/// are within those set (a request of one token has no TPOT to miss).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Slo {
+    pub ttft: Option<f64>,
+    pub tpot: Option<f64>,
+}
+
+impl Slo {
+    pub fn met(&self, o: &Outcome) -> bool {
+        let Ok(t) = &o.result else { return false };
+        self.ttft.is_none_or(|s| t.ttft <= s) && self.tpot.is_none_or(|s| t.tpot.is_none_or(|x| x <= s))
+    }
+
+    fn any(&self) -> bool {
+        self.ttft.is_some() || self.tpot.is_some()
+    }
+}
+
+/// How the trace was made, for the report.
+pub struct TraceInfo {
+    /// `poisson`, `gamma (cv 4)`, `burst-light`, `FILE.csv`…
+    pub source: String,
+    pub seed: Option<u64>,
+    pub offered_rps: f64,
+    pub mean_prompt_tokens: f64,
+    pub mean_max_tokens: f64,
+}
+
+/// p50, p95, p99 and mean.
+struct Dist {
+    p50: Option<f64>,
+    p95: Option<f64>,
+    p99: Option<f64>,
+    mean: Option<f64>,
+    max: Option<f64>,
+}
+
+impl Dist {
+    fn of(mut v: Vec<f64>) -> Dist {
+        let mean = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let max = v.iter().copied().reduce(f64::max);
+        Dist { p50: percentile(&mut v, 0.50), p95: percentile(&mut v, 0.95), p99: percentile(&mut v, 0.99), mean, max }
+    }
+
+    fn json(&self) -> Value {
+        json!({"p50": self.p50, "p95": self.p95, "p99": self.p99, "mean": self.mean})
+    }
+}
+
+pub struct Summary {
+    pub label: Option<String>,
+    trace: TraceInfo,
+    requests: usize,
+    completed: usize,
+    errors: BTreeMap<String, usize>,
+    seconds: f64,
+    output_tokens: usize,
+    ttft: Dist,
+    tpot: Dist,
+    e2e: Dist,
+    lateness: Dist,
+    slo: Slo,
+    attained: Option<f64>,
+    target_utilization: Option<f64>,
+    capacity: Option<Capacity>,
+    busy: Option<f64>,
+    finetune_tok_s: Option<f64>,
+    predictor: Vec<(String, f64)>,
+}
+
+/// Sends later than this (p99) mean the client fell behind its schedule.
+pub const LATE: f64 = 0.010;
+
+impl Summary {
+    pub fn new(run: &Run, trace: TraceInfo, slo: Slo, target_utilization: Option<f64>, capacity: Option<Capacity>) -> Summary {
+        let ok: Vec<_> = run.outcomes.iter().filter_map(|o| o.result.as_ref().ok()).collect();
+        let mut errors = BTreeMap::new();
+        for e in run.outcomes.iter().filter_map(|o| o.result.as_ref().err()) {
+            *errors.entry(e.clone()).or_insert(0) += 1;
+        }
+        let attained = slo.any().then(|| 100.0 * run.outcomes.iter().filter(|o| slo.met(o)).count() as f64 / run.outcomes.len().max(1) as f64);
+        let (first, last) = (run.scrapes.first(), run.scrapes.last());
+        let rate = |f: fn(&Scrape) -> Option<f64>| match (first, last) {
+            (Some(a), Some(b)) if b.at > a.at => Some((f(b)? - f(a)?) / (b.at - a.at)),
+            _ => None,
+        };
+        Summary {
+            label: None,
+            requests: run.outcomes.len(),
+            completed: ok.len(),
+            errors,
+            seconds: run.seconds,
+            output_tokens: ok.iter().map(|t| t.tokens).sum(),
+            ttft: Dist::of(ok.iter().map(|t| t.ttft).collect()),
+            tpot: Dist::of(ok.iter().filter_map(|t| t.tpot).collect()),
+            e2e: Dist::of(ok.iter().map(|t| t.e2e).collect()),
+            lateness: Dist::of(run.outcomes.iter().map(|o| o.lateness).collect()),
+            slo,
+            attained,
+            target_utilization,
+            capacity,
+            busy: rate(|s| s.compute_seconds),
+            finetune_tok_s: rate(|s| s.trained_tokens),
+            predictor: run.scrapes.iter().rev().map(|s| &s.predictor_error).find(|p| !p.is_empty()).cloned().unwrap_or_default(),
+            trace,
+        }
+    }
+
+    /// Whether the client sent late enough to matter.
+    pub fn late(&self) -> Option<(f64, f64)> {
+        match (self.lateness.p99, self.lateness.max) {
+            (Some(p99), Some(max)) if p99 > LATE => Some((p99, max)),
+            _ => None,
+        }
+    }
+
+    fn rps(&self) -> f64 {
+        self.completed as f64 / self.seconds.max(f64::MIN_POSITIVE)
+    }
+
+    fn tok_s(&self) -> f64 {
+        self.output_tokens as f64 / self.seconds.max(f64::MIN_POSITIVE)
+    }
+
+    pub fn json(&self) -> Value {
+        let c = self.capacity.as_ref();
+        json!({
+            "label": self.label,
+            "trace": {
+                "source": self.trace.source,
+                "seed": self.trace.seed,
+                "offered_rps": self.trace.offered_rps,
+                "mean_prompt_tokens": self.trace.mean_prompt_tokens,
+                "mean_max_tokens": self.trace.mean_max_tokens,
+            },
+            "requests": self.requests,
+            "completed": self.completed,
+            "failed": self.requests - self.completed,
+            "errors": self.errors,
+            "seconds": self.seconds,
+            "rps": self.rps(),
+            "output_tokens": self.output_tokens,
+            "output_tok_s": self.tok_s(),
+            "ttft_s": self.ttft.json(),
+            "tpot_s": self.tpot.json(),
+            "e2e_s": self.e2e.json(),
+            "slo": {"ttft_s": self.slo.ttft, "tpot_s": self.slo.tpot, "attainment_pct": self.attained},
+            "utilization": {
+                "target": self.target_utilization,
+                "capacity_rps": c.map(|c| c.rps),
+                "probe": c.map(|c| json!({"concurrency": c.concurrency, "requests": c.requests, "prompt_tokens": c.prompt_tokens, "max_tokens": c.max_tokens, "seconds": c.seconds, "engine_busy": c.busy})),
+                "offered": c.map(|c| self.trace.offered_rps / c.rps),
+                "engine_busy": self.busy,
+            },
+            "finetune_tok_s": self.finetune_tok_s,
+            "latency_model_error": (!self.predictor.is_empty()).then(|| self.predictor.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
+            "send_lateness_s": {"p50": self.lateness.p50, "p99": self.lateness.p99, "max": self.lateness.max},
+        })
+    }
+
+    /// One line naming the run: label, requests, source, rate, seed.
+    pub fn title(&self) -> String {
+        let t = &self.trace;
+        let seed = t.seed.map_or(String::new(), |s| format!(", seed {s}"));
+        let label = self.label.as_ref().map_or(String::new(), |l| format!("{l}: "));
+        format!("{label}{} requests, {} at {:.2} req/s{seed}", self.requests, t.source, t.offered_rps)
+    }
+
+    /// The readable report.
+    pub fn table(&self) -> String {
+        let mut out = format!("{}, over {:.1} s\n\n", self.title(), self.seconds);
+        out += "| latency | p50 | p95 | p99 | mean |\n|:--|--:|--:|--:|--:|\n";
+        for (name, d) in [("TTFT", &self.ttft), ("TPOT", &self.tpot), ("end to end", &self.e2e)] {
+            out += &format!("| {name} | {} | {} | {} | {} |\n", ms(d.p50), ms(d.p95), ms(d.p99), ms(d.mean));
+        }
+        out += "\n| measure | value |\n|:--|:--|\n";
+        let mut row = |k: &str, v: String| out += &format!("| {k} | {v} |\n");
+        row("requests", format!("{} completed, {} failed", self.completed, self.requests - self.completed));
+        row("throughput", format!("{:.2} req/s, {:.1} output tok/s", self.rps(), self.tok_s()));
+        if self.slo.any() {
+            let mut targets = Vec::new();
+            targets.extend(self.slo.ttft.map(|s| format!("TTFT ≤ {}", ms(Some(s)))));
+            targets.extend(self.slo.tpot.map(|s| format!("TPOT ≤ {}", ms(Some(s)))));
+            row(&format!("SLO attainment ({})", targets.join(", ")), format!("{:.1}%", self.attained.unwrap_or(0.0)));
+        }
+        if let Some(c) = &self.capacity {
+            row("capacity (probe)", format!("{:.2} req/s ({} requests of {} + {} tokens, {} at a time, {:.1} s)", c.rps, c.requests, c.prompt_tokens, c.max_tokens, c.concurrency, c.seconds));
+        }
+        let offered = match (&self.capacity, self.target_utilization) {
+            (Some(_), Some(u)) => format!("offered {u:.2} of capacity"),
+            _ => "offered: not measured (--utilization probes it)".into(),
+        };
+        let busy = self.busy.map_or("engine busy: absent (no blink_engine_compute_seconds_total)".into(), |b| format!("engine busy {b:.3}"));
+        row("utilization", format!("{offered}; {busy}"));
+        row("fine-tuning", self.finetune_tok_s.map_or(format!("absent (no {TRAINED})"), |r| format!("{r:.1} tok/s committed")));
+        let predictor = self.predictor.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect::<Vec<_>>().join(", ");
+        row("latency model error", if predictor.is_empty() { format!("absent (no {PREDICTOR})") } else { predictor });
+        row("send lateness", format!("p50 {}, p99 {}, max {}", ms(self.lateness.p50), ms(self.lateness.p99), ms(self.lateness.max)));
+        let mut errors: Vec<(&String, &usize)> = self.errors.iter().collect();
+        errors.sort_by(|a, b| b.1.cmp(a.1));
+        for (e, n) in errors.iter().take(5) {
+            out += &format!("\n{n} request(s) failed: {e}");
+        }
+        if errors.len() > 5 {
+            out += &format!("\n… and {} other errors", errors.len() - 5);
+        }
+        out
+    }
+}
