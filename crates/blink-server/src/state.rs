@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use blink_engine::serve::{Engine, EngineConfig};
+use blink_engine::serve::latency::Coefficients;
+use blink_engine::serve::{Engine, EngineConfig, SloTargets, TrainingPolicy};
 use blink_engine::Loaded;
 use blink_model::lora::LoraMix;
 use blink_model::{KvType, TensorPlacement};
@@ -83,6 +84,11 @@ pub struct ModelOptions {
     pub adapters: AdapterOptions,
     /// Flat or tensor parallel over NUMA nodes (`None`: flat over `threads`).
     pub placement: Option<TensorPlacement>,
+    /// The requests' latency targets, how much of each step co-served training may take,
+    /// and the latency model's calibrated coefficients (`blink calibrate`).
+    pub slo: SloTargets,
+    pub training: TrainingPolicy,
+    pub latency: Option<Coefficients>,
 }
 
 impl ModelOptions {
@@ -102,6 +108,9 @@ impl ModelOptions {
             max_loras: 8,
             adapters: AdapterOptions::default(),
             placement: None,
+            slo: SloTargets::default(),
+            training: TrainingPolicy::default(),
+            latency: None,
         }
     }
 }
@@ -166,6 +175,9 @@ impl Ready {
             prefix_cache: opts.prefix_cache,
             prefix_cache_tokens: opts.prefix_cache_tokens,
             max_loras: opts.max_loras,
+            slo: opts.slo,
+            training: opts.training,
+            latency: opts.latency.clone(),
         };
 
         let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

@@ -34,7 +34,7 @@ fn setup() -> Setup {
     let (tmpl, _) = ChatTemplate::from_gguf_or_chatml(&file).expect("chat template");
     let tmpl = tmpl.unwrap_or_else(ChatTemplate::chatml);
     let model = Arc::new(Model::from_gguf_placed(file, &TensorPlacement::flat(2)).expect("loading the model"));
-    let all = load_examples(&testdata().join("finetune/zorbania-train.jsonl"), &tok, &tmpl).expect("the Zorbania set");
+    let all = load_examples(testdata().join("finetune/zorbania-train.jsonl"), &tok, &tmpl).expect("the Zorbania set");
     Setup { model, train: all[..6].to_vec(), eval: all[6..8].to_vec() }
 }
 

@@ -112,6 +112,29 @@ pub struct EngineStats {
     /// Requests admitted between two passes, into the step about to start (they arrived
     /// after the control work beside the last pass).
     pub requests_admitted_late: u64,
+    /// Co-served training units run, the seconds they took, and how many of them shared
+    /// their step with inference rows.
+    pub train_units_total: u64,
+    pub train_seconds_total: f64,
+    pub train_units_beside_requests: u64,
+    /// The latency model's errors per kind of step, in [`StepKind::ALL`]'s order
+    /// (refreshed about once a second).
+    ///
+    /// [`StepKind::ALL`]: super::latency::StepKind::ALL
+    pub latency: [LatencyKindStats; 7],
+}
+
+/// The latency model's record on one kind of step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LatencyKindStats {
+    /// Steps of this kind observed.
+    pub count: u64,
+    /// Median |relative error| over the recent ones: of the online (refitted) model and of
+    /// the offline coefficients alone; NaN before any.
+    pub median_online: f64,
+    pub median_offline: f64,
+    /// The margin its predictions get.
+    pub margin: f64,
 }
 
 impl EngineStats {

@@ -11,9 +11,12 @@
 //! (`plan`, plain data) through an admission policy (`policy`), `execute` runs it,
 //! `update` folds its output back into the sequences (`sequence`, a small state machine
 //! with the scheduler as its one writer), and `step_loop` is those three calls, pipelined.
-//! `api` holds the types front ends see.
+//! `api` holds the types front ends see. Co-served training plugs in through one hook
+//! (`coserve`), given each step the time the latency model (`latency`) says is free.
 
 mod api;
+pub mod coserve;
+mod cotrain;
 mod execute;
 pub mod latency;
 mod plan;
@@ -27,13 +30,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use blink_model::{KvType, Model};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::EngineError;
 
-pub use api::{EngineStats, Event, Request, SubmitError, TokenLogprobs, Usage};
+pub use api::{EngineStats, Event, LatencyKindStats, Request, SubmitError, TokenLogprobs, Usage};
+pub use coserve::{CoServe, SloTargets, TrainingPolicy};
 pub use plan::{Chunk, StepCost, StepPlan};
 
 /// Sizes and limits of the serving engine.
@@ -61,6 +66,13 @@ pub struct EngineConfig {
     /// quarter of `kv_tokens`); past it the least recently released blocks are freed, and
     /// the memory of free blocks goes back to the OS.
     pub prefix_cache_tokens: Option<usize>,
+    /// The requests' latency targets, which co-served training must leave them.
+    pub slo: SloTargets,
+    /// How much of a step co-served training may have.
+    pub training: TrainingPolicy,
+    /// The latency model's offline coefficients (`blink calibrate`); `None`: start
+    /// uncalibrated and learn online.
+    pub latency: Option<latency::Coefficients>,
 }
 
 impl EngineConfig {
@@ -76,7 +88,9 @@ impl EngineConfig {
 
 /// What the front end sends to the engine thread.
 enum Command {
-    Submit { request: Request, events: tmpsc::UnboundedSender<Event> },
+    Submit { request: Request, events: tmpsc::UnboundedSender<Event>, at: Instant },
+    /// Look for training work again.
+    Wake,
     Shutdown,
 }
 
@@ -129,13 +143,18 @@ impl Engine {
     /// Fails if the cache and buffers `config` asks for cannot be allocated, or the queue
     /// could hold no request.
     pub fn start(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig) -> Result<Engine, EngineError> {
+        Engine::start_with(model, eog, config, None)
+    }
+
+    /// As [`Engine::start`], with training co-served in the steps' slack through `coserve`.
+    pub fn start_with(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, coserve: Option<Box<dyn CoServe>>) -> Result<Engine, EngineError> {
         if config.max_queue == 0 {
             return Err(EngineError::BadParams("the queue must hold at least one request".into()));
         }
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let occupancy = Arc::new(Occupancy::default());
-        let step_loop = step_loop::StepLoop::new(model, eog, &config, rx, stats.clone(), occupancy.clone())?;
+        let step_loop = step_loop::StepLoop::new(model, eog, &config, rx, stats.clone(), occupancy.clone(), coserve)?;
         let capacity_tokens = step_loop.capacity_tokens();
         let thread = std::thread::Builder::new()
             .name("blink-engine".into())
@@ -196,12 +215,17 @@ impl Engine {
             .commands
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .send(Command::Submit { request, events: events_tx });
+            .send(Command::Submit { request, events: events_tx, at: Instant::now() });
         if sent.is_err() {
             s.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(SubmitError::Stopped);
         }
         Ok(Submission { id, events: events_rx })
+    }
+
+    /// Have the engine look for co-served training work again (a job became ready).
+    pub fn wake(&self) {
+        let _ = self.shared.commands.lock().unwrap_or_else(|e| e.into_inner()).send(Command::Wake);
     }
 
     /// Whether the engine thread is still serving (it stops only when told to, or on a bug).

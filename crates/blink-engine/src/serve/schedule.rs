@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use blink_model::kv_cache::{KvBlocks, PrefixKey, BLOCK_TOKENS};
 use blink_model::SeqId;
@@ -33,6 +34,8 @@ use crate::session::FinishReason;
 struct Pending {
     request: Request,
     events: UnboundedSender<Event>,
+    /// When it was submitted (its TTFT runs from then).
+    at: Instant,
 }
 
 /// The queue, the running sequences and their outgoing events.
@@ -181,7 +184,14 @@ impl Scheduler {
         plan.seal();
     }
 
-    fn send_events(&mut self) {
+    /// Requests waiting for admission.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Send the last step's token events now (before training work, so clients do not
+    /// wait for it).
+    pub(super) fn send_events(&mut self) {
         for (kv, event) in self.outbox.drain(..) {
             let _ = self.running[self.index[kv]].events.send(event);
         }
@@ -229,7 +239,8 @@ impl Scheduler {
 
     fn take(&mut self, c: Command) {
         match c {
-            Command::Submit { request, events } => self.waiting.push_back(Pending { request, events }),
+            Command::Submit { request, events, at } => self.waiting.push_back(Pending { request, events, at }),
+            Command::Wake => {}
             Command::Shutdown => self.stop = true,
         }
     }
@@ -287,7 +298,7 @@ impl Scheduler {
         self.occupancy.running.fetch_add(1, Ordering::AcqRel);
         self.occupancy.waiting.fetch_sub(1, Ordering::AcqRel);
         let _ = p.events.send(Event::Admitted { cached_tokens: cached });
-        self.running.push(Seq::admitted(p.events, id, p.request, cached));
+        self.running.push(Seq::admitted(p.events, id, p.request, cached, p.at));
         plan.admitted.push(id);
     }
 

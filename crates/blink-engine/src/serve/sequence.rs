@@ -9,6 +9,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use blink_model::lora::LoraMix;
 use blink_model::{AdapterSlot, SeqId, StepRow};
@@ -50,13 +51,15 @@ pub(super) struct Seq {
     pub(super) sampler: Sampler,
     /// The adapters it runs with, held until it is released.
     pub(super) adapter: Option<Arc<LoraMix>>,
+    /// When its request was submitted.
+    pub(super) arrived: Instant,
     state: State,
 }
 
 impl Seq {
     /// A sequence for `request`, on cache sequence `kv` whose first `cached` tokens came
     /// from the prefix cache.
-    pub(super) fn admitted(events: UnboundedSender<Event>, kv: SeqId, request: Request, cached: usize) -> Seq {
+    pub(super) fn admitted(events: UnboundedSender<Event>, kv: SeqId, request: Request, cached: usize, arrived: Instant) -> Seq {
         let mut sampler = Sampler::new(request.sampling.clone());
         for &t in &request.prompt {
             sampler.accept(t);
@@ -77,6 +80,7 @@ impl Seq {
             cached,
             sampler,
             adapter: request.adapter,
+            arrived,
             state: State::Computing,
         }
     }

@@ -5,9 +5,13 @@
 //! prefixes), admits requests that arrived during step n into step n+1
 //! (`schedule_late`) and completes its plan with the decode rows (`add_decodes`).
 //!
+//! With a co-served trainer (`cotrain`), each step's slack is offered to it before the
+//! pass, and the unit it takes runs after the step's output has been folded back and its
+//! tokens sent; a step with no inference rows is the trainer's alone.
+//!
 //! Each step is timed: its wall time (from the end of the previous pass to the end of its
-//! own) and its pass. `f_ctrl = 1 − pass/wall` is the share the serving stack adds to the
-//! critical path.
+//! own, training units left out) and its pass. `f_ctrl = 1 − pass/wall` is the share the
+//! serving stack adds to the critical path.
 
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
@@ -16,6 +20,8 @@ use std::time::{Duration, Instant};
 use blink_model::Model;
 
 use super::api::EngineStats;
+use super::coserve::CoServe;
+use super::cotrain::CoTraining;
 use super::execute::Executor;
 use super::plan::StepPlan;
 use super::policy::FirstComeFirstServed;
@@ -31,6 +37,7 @@ pub(super) struct StepLoop {
     /// it.
     plan: StepPlan,
     next: StepPlan,
+    train: CoTraining,
 }
 
 impl StepLoop {
@@ -41,6 +48,7 @@ impl StepLoop {
         commands: Receiver<Command>,
         stats: Arc<Mutex<EngineStats>>,
         occupancy: Arc<Occupancy>,
+        coserve: Option<Box<dyn CoServe>>,
     ) -> Result<StepLoop, EngineError> {
         eog.sort_unstable();
         let cfg = EngineConfig { max_running: cfg.max_running.max(1), step_tokens: cfg.step_tokens.max(1), max_loras: cfg.max_loras.max(1), ..cfg.clone() };
@@ -48,8 +56,9 @@ impl StepLoop {
         let max_rows = cfg.step_tokens.saturating_add(cfg.max_running);
         let plan = || StepPlan::with_capacity(max_rows, cfg.max_running, cfg.max_loras);
         let (plan, next) = (plan(), plan());
+        let train = CoTraining::new(&cfg, coserve);
         let sched = Scheduler::new(cfg, commands, stats, occupancy, Box::new(FirstComeFirstServed), exec.runner.kv());
-        Ok(StepLoop { eog, exec, sched, plan, next })
+        Ok(StepLoop { eog, exec, sched, plan, next, train })
     }
 
     /// Tokens the whole cache holds.
@@ -65,7 +74,7 @@ impl StepLoop {
         loop {
             let decoding = self.sched.decoding();
             if !planned {
-                if self.sched.idle() && !self.sched.stop {
+                if self.sched.idle() && !self.sched.stop && !self.train.has_work() {
                     self.sched.wait_for_command();
                 }
                 started = Instant::now();
@@ -79,12 +88,17 @@ impl StepLoop {
             self.sched.add_decodes(&mut self.plan);
             if self.plan.rows.is_empty() {
                 planned = false;
-                if self.sched.running.is_empty() && self.sched.outbox.is_empty() && !self.sched.idle() {
+                if self.train.offer(&self.sched, None) {
+                    self.train.run(self.exec.runner.pool(), false, &mut self.sched.stats);
+                } else if self.sched.running.is_empty() && self.sched.outbox.is_empty() && (!self.sched.idle() || self.train.has_work()) {
+                    // Requests that do not fit yet, or training that does not fit the time
+                    // it may have: wait for a command instead of spinning.
                     self.sched.wait_for_room(Duration::from_millis(20));
                 }
                 continue;
             }
             let was_planned = planned;
+            let training = self.train.offer(&self.sched, Some(&self.plan.cost));
             // The next step decodes at most the rows that want logits now.
             let decoding = self.plan.logit_rows();
             let (sched, next) = (&mut self.sched, &mut self.next);
@@ -105,8 +119,16 @@ impl StepLoop {
                     s.compute_seconds_total += compute.as_secs_f64();
                     s.last_batch_rows = self.plan.rows.len();
                     started = now;
+                    self.train.observe_pass(&self.plan.cost, compute, &mut self.sched.stats);
                     let (kv, scratch) = self.exec.runner.kv_and_scratch();
                     self.sched.update(&self.plan, kv, scratch, &self.eog);
+                    if training {
+                        // The step's tokens go out first; the unit's time is not the
+                        // serving stack's, so the next step's wall time starts after it.
+                        self.sched.send_events();
+                        self.train.run(self.exec.runner.pool(), true, &mut self.sched.stats);
+                        started = Instant::now();
+                    }
                     std::mem::swap(&mut self.plan, &mut self.next);
                 }
                 Err(e) => {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blink_engine::serve::{Engine, EngineConfig, Event, Request};
+use blink_engine::serve::{Engine, EngineConfig, Event, Request, SloTargets, TrainingPolicy};
 use blink_engine::{FinishReason, GenerateParams, SamplingParams, Session, SessionConfig};
 use blink_model::{KvType, Model};
 use blink_text::tokenizer::Tokenizer;
@@ -29,6 +29,9 @@ pub fn config() -> EngineConfig {
         prefix_cache: true,
         prefix_cache_tokens: None,
         max_loras: 4,
+        slo: SloTargets::default(),
+        training: TrainingPolicy::default(),
+        latency: None,
     }
 }
 

@@ -19,6 +19,7 @@
 //! jobs back to `queued`, and their runs resume from their checkpoints. Metrics events are
 //! written from the checkpoint's loss curve, after it, skipping steps already logged.
 
+mod hook;
 mod split;
 mod units;
 mod worker;
@@ -36,6 +37,7 @@ use crate::optim::Decay;
 use crate::run::FinetuneConfig;
 use crate::store::{FileStore, JobEvent, JobRecord, JobSpec, JobStatus, JobStore, StoreError, PURPOSE_FINE_TUNE};
 
+pub use hook::{cost_of, CoServedJobs};
 pub use split::SplitTrainer;
 pub use units::{Accepted, Executor};
 
@@ -93,8 +95,8 @@ impl JobSettings {
 pub struct BaseModel {
     pub model: Arc<Model>,
     pub path: PathBuf,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Arc<ChatTemplate>,
     /// The served model id first, then its aliases.
     pub names: Vec<String>,
 }
@@ -267,6 +269,12 @@ impl JobService {
             }
         }
         out
+    }
+
+    /// Have `wake` called whenever a job's run is handed to the executor (for an engine
+    /// that sleeps while it has nothing to do: [`blink_engine::serve::Engine::wake`]).
+    pub fn set_waker(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        self.shared.set_waker(wake);
     }
 
     /// Training tokens committed over all jobs since the service started (what

@@ -30,11 +30,24 @@ pub(crate) struct Shared {
     pub sink: Arc<dyn AdapterSink>,
     controls: Mutex<HashMap<String, Arc<Control>>>,
     committed: AtomicU64,
+    /// Tells whoever runs the executor that a run was handed over (the engine sleeps
+    /// when it has nothing to do).
+    waker: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl Shared {
     pub fn new(store: JobStore, files: Arc<FileStore>, base: BaseModel, settings: JobSettings, sink: Arc<dyn AdapterSink>) -> Shared {
-        Shared { store, files, base, settings, sink, controls: Mutex::new(HashMap::new()), committed: AtomicU64::new(0) }
+        Shared { store, files, base, settings, sink, controls: Mutex::new(HashMap::new()), committed: AtomicU64::new(0), waker: Mutex::new(None) }
+    }
+
+    pub fn set_waker(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        *self.waker.lock().unwrap_or_else(|p| p.into_inner()) = Some(wake);
+    }
+
+    fn wake_executor(&self) {
+        if let Some(wake) = self.waker.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            wake();
+        }
     }
 
     /// The job's control flags (made on first use).
@@ -195,6 +208,7 @@ impl Worker {
                     let active = Active::new(job.id.clone(), run, control);
                     if self.runs.send(active).is_ok() {
                         self.held = Some(job.id.clone());
+                        self.shared.wake_executor();
                     }
                 }
             }

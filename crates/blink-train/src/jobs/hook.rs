@@ -1,0 +1,53 @@
+//! The jobs' executor as the serving engine's co-serving hook: it answers the engine's
+//! offer of a step's free time with a unit of the running job, priced by the engine's
+//! latency model, and runs it on the engine's threads.
+
+use std::time::Duration;
+
+use blink_engine::serve::latency::{UnitCost, UnitKind};
+use blink_engine::serve::CoServe;
+use blink_model::train;
+use blink_runtime::numa::NodePool;
+
+use super::units::{Accepted, Executor};
+use crate::run::Unit;
+
+/// Fine-tuning jobs co-served by the engine.
+pub struct CoServedJobs {
+    executor: Executor,
+}
+
+impl CoServedJobs {
+    pub fn new(executor: Executor) -> CoServedJobs {
+        CoServedJobs { executor }
+    }
+}
+
+impl CoServe for CoServedJobs {
+    fn has_work(&mut self) -> bool {
+        self.executor.has_work()
+    }
+
+    fn offer(&mut self, free: Duration, price: &dyn Fn(&UnitCost) -> Duration) -> Option<UnitCost> {
+        self.executor.offer(free, &|a| price(&cost_of(a))).map(|a| cost_of(&a))
+    }
+
+    fn run(&mut self, pool: &NodePool) {
+        self.executor.run(pool);
+    }
+}
+
+/// What the latency model prices a unit by.
+pub fn cost_of(a: &Accepted) -> UnitCost {
+    match a.unit {
+        Unit::Batch(s) => {
+            let kind = match s.kind {
+                train::UnitKind::Forward => UnitKind::Forward,
+                train::UnitKind::Head => UnitKind::Head,
+                train::UnitKind::Backward => UnitKind::Backward,
+            };
+            UnitCost { kind, rows: s.rows, attn: s.attn, layers: a.layers, head_rows: s.head_rows, params: 0 }
+        }
+        Unit::Optimizer { params } => UnitCost { kind: UnitKind::Optimizer, rows: 0, attn: 0, layers: 0, head_rows: 0, params },
+    }
+}
