@@ -56,6 +56,8 @@ enum Command {
     Replay(Box<cmd::replay::Args>),
     /// Fine-tune a LoRA adapter on chat JSONL, on the frozen quantized model.
     Finetune(cmd::finetune::Args),
+    /// Measure this machine's step times and fit the latency model (for `serve --latency`).
+    Calibrate(cmd::calibrate::Args),
     /// Show a model's architecture, hyper-parameters, tensor types and tokenizer.
     Info(cmd::info::Args),
 }
@@ -103,6 +105,7 @@ fn main() {
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Info(a) => cmd::info::main(a),
         Command::Finetune(a) => cmd::finetune::main(a),
+        Command::Calibrate(a) => cmd::calibrate::main(a),
         Command::Bench(a) => cmd::bench::main(a),
         Command::Serve(a) => cmd::serve::main(a),
         Command::BenchServe(a) => cmd::bench_serve::main(a),

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use blink_model::lora::LoraMix;
-use blink_model::{AdapterSlot, SeqId, StepRow};
+use blink_model::{AdapterSlot, RowKind, SeqId, StepRow};
 
 /// A chunk of one sequence's prompt in a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +30,39 @@ pub struct StepCost {
     pub context_tokens: usize,
     /// Distinct adapter mixes among the rows (each costs a pass over its weights).
     pub adapters: usize,
+}
+
+impl StepCost {
+    /// The cost of a step of `rows` (prompt rows in runs of one sequence each, as a plan
+    /// lays its chunks out) over `adapters` distinct adapter mixes: what a plan's cost
+    /// would be for them, for steps built outside the scheduler (`blink calibrate`).
+    pub fn of_rows(rows: &[StepRow], adapters: usize) -> StepCost {
+        let mut c = StepCost { adapters, ..StepCost::default() };
+        let mut run: Option<(blink_model::SeqId, usize)> = None;
+        let close = |run: &mut Option<(blink_model::SeqId, usize)>, c: &mut StepCost| {
+            if let Some((_, len)) = run.take() {
+                c.chunk_tokens_squared += len * len;
+            }
+        };
+        for r in rows {
+            c.context_tokens += r.pos + 1;
+            if r.kind == RowKind::Decode {
+                c.decode_rows += 1;
+                close(&mut run, &mut c);
+                continue;
+            }
+            c.prompt_tokens += 1;
+            match &mut run {
+                Some((seq, len)) if *seq == r.seq => *len += 1,
+                _ => {
+                    close(&mut run, &mut c);
+                    run = Some((r.seq, 1));
+                }
+            }
+        }
+        close(&mut run, &mut c);
+        c
+    }
 }
 
 /// One step's plan.
@@ -126,5 +159,23 @@ impl StepPlan {
     /// The rows are complete: the chunks' rows follow the decode rows.
     pub(super) fn seal(&mut self) {
         self.rows.extend_from_slice(&self.prompt_rows);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_from_rows_is_the_plans() {
+        let mut plan = StepPlan::with_capacity(64, 8, 2);
+        let tokens = [7u32; 20];
+        plan.push_chunk(3, 0, &tokens[..12], 30, None);
+        plan.push_chunk(5, 40, &tokens[..8], 60, None);
+        plan.push_decode(StepRow::decode(1, 99, 1));
+        plan.push_decode(StepRow::decode(1, 7, 2));
+        plan.seal();
+        assert_eq!(StepCost::of_rows(&plan.rows, 0), plan.cost);
+        assert_eq!(plan.cost, StepCost { prompt_tokens: 20, chunk_tokens_squared: 144 + 64, decode_rows: 2, context_tokens: 78 + 8 * 40 + 36 + 100 + 8, adapters: 0 });
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_serve;
+pub mod calibrate;
 pub mod chat;
 pub mod client;
 pub mod finetune;

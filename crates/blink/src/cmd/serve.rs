@@ -9,6 +9,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use blink_model::KvType;
+use blink_engine::serve::latency::Coefficients;
+use blink_engine::serve::{SloTargets, TrainingPolicy};
 use blink_server::{AdapterOptions, ModelOptions, Ready, Server, ServerOptions};
 
 use crate::common::{parse_kv_type, CliResult, KernelArgs, ModelArgs, NumaArgs};
@@ -82,9 +84,43 @@ pub struct EngineArgs {
     #[command(flatten)]
     pub lora: ServerLoraArgs,
     #[command(flatten)]
+    pub coserve: CoServeArgs,
+    #[command(flatten)]
     pub kernel: KernelArgs,
     #[command(flatten)]
     pub numa: NumaArgs,
+}
+
+/// The requests' latency targets and what co-served fine-tuning may take of each step.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CoServeArgs {
+    /// Time-to-first-token target (p99, seconds) that co-served fine-tuning must leave
+    /// every request.
+    #[arg(long = "slo-ttft", value_name = "SECONDS", default_value_t = 1.0)]
+    pub slo_ttft: f64,
+    /// Time-per-output-token target (p99, seconds).
+    #[arg(long = "slo-tpot", value_name = "SECONDS", default_value_t = 0.1)]
+    pub slo_tpot: f64,
+    /// How much of each step fine-tuning jobs get: `slo` (what the targets leave, by the
+    /// latency model), `idle` (only steps with no request), `always` (a unit in every
+    /// step: no admission control).
+    #[arg(long = "coserve-policy", value_name = "POLICY", default_value = "slo", value_parser = ["slo", "idle", "always"])]
+    pub policy: String,
+    /// The latency model's coefficients, from `blink calibrate` (default: start
+    /// uncalibrated and learn while serving).
+    #[arg(long = "latency", value_name = "FILE")]
+    pub latency: Option<std::path::PathBuf>,
+}
+
+impl CoServeArgs {
+    fn apply(&self, opts: &mut ModelOptions) -> CliResult {
+        opts.slo = SloTargets { ttft: seconds("slo-ttft", self.slo_ttft)?, tpot: seconds("slo-tpot", self.slo_tpot)? };
+        opts.training = TrainingPolicy::parse(&self.policy).ok_or("--coserve-policy: slo, idle or always")?;
+        if let Some(path) = &self.latency {
+            opts.latency = Some(Coefficients::load(path)?);
+        }
+        Ok(())
+    }
 }
 
 /// The adapters a server serves, and how it may load more.
@@ -138,7 +174,7 @@ impl EngineArgs {
     /// Model options for the file at `path`.
     pub fn options(&self, path: std::path::PathBuf) -> CliResult<ModelOptions> {
         let threads = crate::common::resolve_threads(self.threads)?;
-        Ok(ModelOptions {
+        let mut opts = ModelOptions {
             placement: Some(self.numa.placement(threads)?),
             threads: self.threads.unwrap_or(0),
             ctx_size: self.ctx_size,
@@ -152,7 +188,9 @@ impl EngineArgs {
             max_loras: self.lora.max_loras,
             adapters: self.lora.options()?,
             ..ModelOptions::new(path)
-        })
+        };
+        self.coserve.apply(&mut opts)?;
+        Ok(opts)
     }
 }
 

@@ -62,7 +62,7 @@ impl Adapters {
 }
 
 /// Sequence `i`'s slot among `mixes`: round robin; none without adapters.
-pub(super) fn slot(i: usize, mixes: &[Arc<LoraMix>]) -> Option<AdapterSlot> {
+pub(crate) fn slot(i: usize, mixes: &[Arc<LoraMix>]) -> Option<AdapterSlot> {
     // `Adapters::place` keeps the count within a slot's range.
     (!mixes.is_empty()).then(|| AdapterSlot((i % mixes.len()) as u16))
 }

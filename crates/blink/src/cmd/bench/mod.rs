@@ -10,7 +10,7 @@
 //! over N random adapters (see [`lora`]), measured in turn with the base row's
 //! repetitions so a noisy machine's drift touches both alike.
 
-mod lora;
+pub(crate) mod lora;
 
 use std::sync::Arc;
 use std::time::Instant;
