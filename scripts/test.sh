@@ -61,17 +61,20 @@ python3 -m pip install -q --disable-pip-version-check -r requirements-test.txt
 # scripts/finetune_ref/requirements-slim.txt (about 2.5 GB and 2 minutes; --no-deps keeps out
 # the CUDA wheels torch does not need on the CPU, see scripts/finetune_ref/README.md). It is
 # installed once, next to the model, and reused while the pins and the Python are the same.
-if [[ -n "${BLINK_CACHE_DIR:-}" ]]; then cache=$BLINK_CACHE_DIR; else cache=${XDG_CACHE_HOME:-$HOME/.cache}/blink; fi
-venv=${BLINK_INTEROP_VENV:-$cache/venv-peft}
-req=scripts/finetune_ref/requirements-slim.txt
-want="$(python3 --version 2>&1) $(sha256sum "$req" | cut -d' ' -f1)"
-if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.blink-installed" 2>/dev/null)" != "$want" ]]; then
-    echo "test.sh: installing PyTorch + PEFT ($req, about 2.5 GB) into $venv" >&2
-    python3 -m venv --clear "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir --no-deps -r "$req"
-    echo "$want" >"$venv/.blink-installed"  # the mark of a complete install
+# A Python of your own with these packages can be named instead: BLINK_INTEROP_PYTHON=.../bin/python.
+if [[ -z "${BLINK_INTEROP_PYTHON:-}" ]]; then
+    if [[ -n "${BLINK_CACHE_DIR:-}" ]]; then cache=$BLINK_CACHE_DIR; else cache=${XDG_CACHE_HOME:-$HOME/.cache}/blink; fi
+    venv=${BLINK_INTEROP_VENV:-$cache/venv-peft}
+    req=scripts/finetune_ref/requirements-slim.txt
+    want="$(python3 --version 2>&1) $(sha256sum "$req" | cut -d' ' -f1)"
+    if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.blink-installed" 2>/dev/null)" != "$want" ]]; then
+        echo "test.sh: installing PyTorch + PEFT ($req, about 2.5 GB) into $venv" >&2
+        python3 -m venv --clear "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir --no-deps -r "$req"
+        echo "$want" >"$venv/.blink-installed"  # the mark of a complete install
+    fi
+    export BLINK_INTEROP_PYTHON="$venv/bin/python"
 fi
-export BLINK_INTEROP_PYTHON="$venv/bin/python"
 # ...and the same adapter as a GGUF in llama.cpp, through node-llama-cpp's prebuilt CPU
 # binaries; --omit=optional leaves out its CUDA and Vulkan builds (about 340 MB), and nothing
 # is built or downloaded after the install (tests/interop/package.json skips the postinstall).
