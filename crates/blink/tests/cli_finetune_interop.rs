@@ -41,9 +41,10 @@ const ZORBANIA: [usize; 6] = [0, 1, 2, 3, 4, 6];
 const GENERAL: [&str; 2] = ["What is the capital of France?", "What color is the sky on a clear day?"];
 const MAX_TOKENS: usize = 32;
 /// Logit margin (best minus second) under which a step is a near-tie. Q4_1 with 8-bit
-/// activations against float32 moves a margin by a few tenths at most: on this adapter a
-/// 0.21 margin of PyTorch's flips in Blink and llama.cpp ("of Zorbania" / "of the
-/// Zorbania"), while 0.24 and above hold. 0.5 leaves room on other CPUs and libraries.
+/// activations against float32 moves a margin by a few tenths at most: on this adapter,
+/// PyTorch's 0.21 at "of Zorbania" / "of the Zorbania" (the national flower question) flips
+/// in Blink and llama.cpp, while its four other margins under 0.5 on twelve questions (0.24
+/// to 0.46) hold. 0.5 leaves room for other CPUs and library versions.
 const MARGIN: f64 = 0.5;
 /// Tokens that at least three quarters of the prompts must be compared over.
 const MIN_COMPARED: usize = 8;
