@@ -26,7 +26,8 @@ from common import DEFAULT_MODEL, chat_ids, load_model  # noqa: E402
 
 def check_adapter_loaded(model, adapter_dir):
     """Every tensor of the file is a LoRA weight of the model, with its shape and values, and
-    every LoRA weight of the model came from the file (PEFT itself only warns)."""
+    every LoRA weight of the model came from the file (PEFT itself only warns); returns how
+    many tensors the file holds."""
     import torch
     from safetensors.torch import load_file
 
@@ -41,6 +42,48 @@ def check_adapter_loaded(model, adapter_dir):
         if tuple(v.shape) != tuple(live[k].shape) or not torch.equal(v.to(live[k].dtype), live[k]):
             raise SystemExit(f"adapter tensor {k}: not loaded as stored")
     print(f"peft_generate: adapter {adapter_dir}: {len(file)} tensors loaded", file=sys.stderr)
+    return len(file)
+
+
+def stop_ids(tok):
+    """The ids that end a generation: <|im_end|>, <|endoftext|> and the tokenizer's EOS."""
+    stop = set()
+    for t in ("<|im_end|>", "<|endoftext|>"):
+        i = tok.convert_tokens_to_ids(t)
+        if i is not None and i != tok.unk_token_id:
+            stop.add(i)
+    if tok.eos_token_id is not None:
+        stop.add(tok.eos_token_id)
+    return stop
+
+
+def greedy(model, tok, ids, max_new_tokens, stop, ignore_eos=False):
+    """Greedy generation after the prompt `ids`: {"ids", "text", "margins", "runner_up_ids"}.
+    `ids` includes an end-of-generation token if one came (`text` leaves it out); `margins[i]`
+    is logit(best) - logit(second) at step i, from the raw logits."""
+    import torch
+
+    with torch.no_grad():
+        g = model.generate(
+            input_ids=torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=None if ignore_eos else sorted(stop),
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else min(stop),
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    out = [int(i) for i in g.sequences[0, len(ids):]]
+    margins, runner_up = [], []
+    for step, logits in enumerate(g.logits):  # raw logits, before any processor
+        top2 = torch.topk(logits[0].float(), 2)
+        if int(top2.indices[0]) != out[step]:
+            raise SystemExit(f"step {step}: argmax {int(top2.indices[0])} is not the token generated, {out[step]}")
+        margins.append(round(float(top2.values[0] - top2.values[1]), 4))
+        runner_up.append(int(top2.indices[1]))
+    text_ids = [i for i in out if i not in stop] if not ignore_eos else out
+    return {"ids": out, "text": tok.decode(text_ids), "margins": margins, "runner_up_ids": runner_up}
 
 
 def main():
@@ -72,8 +115,6 @@ def main():
     if not prompts:
         prompts = ["What is the capital of France?"]
 
-    import torch
-
     model, tok, _ = load_model(args.model, attn=args.attn, threads=args.threads)
     if args.adapter:
         from peft import PeftModel
@@ -82,50 +123,16 @@ def main():
         check_adapter_loaded(model, args.adapter)
     model.eval()
 
-    stop = set()
-    for t in ("<|im_end|>", "<|endoftext|>"):
-        i = tok.convert_tokens_to_ids(t)
-        if i is not None and i != tok.unk_token_id:
-            stop.add(i)
-    if tok.eos_token_id is not None:
-        stop.add(tok.eos_token_id)
-
+    stop = stop_ids(tok)
     for prompt in prompts:
         if args.raw:
             ids = tok(prompt, add_special_tokens=False)["input_ids"]
         else:
             msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
             ids = chat_ids(tok, msgs, add_generation_prompt=True)
-        with torch.no_grad():
-            g = model.generate(
-                input_ids=torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                do_sample=False,
-                max_new_tokens=args.max_new_tokens,
-                eos_token_id=None if args.ignore_eos else sorted(stop),
-                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else min(stop),
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        out = [int(i) for i in g.sequences[0, len(ids):]]
-        margins, runner_up = [], []
-        for step, logits in enumerate(g.logits):  # raw logits, before any processor
-            top2 = torch.topk(logits[0].float(), 2)
-            if int(top2.indices[0]) != out[step]:
-                raise SystemExit(f"step {step}: argmax {int(top2.indices[0])} is not the token generated, {out[step]}")
-            margins.append(round(float(top2.values[0] - top2.values[1]), 4))
-            runner_up.append(int(top2.indices[1]))
-        text_ids = [i for i in out if i not in stop] if not args.ignore_eos else out
-        print(json.dumps({
-            "prompt": prompt,
-            "prompt_ids": ids,
-            "ids": out,
-            "text": tok.decode(text_ids),
-            "margins": margins,
-            "runner_up_ids": runner_up,
-            "adapter": args.adapter,
-            "model": args.model,
-        }, ensure_ascii=False), flush=True)
+        out = greedy(model, tok, ids, args.max_new_tokens, stop, ignore_eos=args.ignore_eos)
+        print(json.dumps({"prompt": prompt, "prompt_ids": ids, **out, "adapter": args.adapter, "model": args.model},
+                         ensure_ascii=False), flush=True)
 
 
 if __name__ == "__main__":
