@@ -251,6 +251,12 @@ impl JobService {
 
     /// Queue a paused job again; it continues from its last committed step.
     pub fn resume(&self, id: &str) -> Result<JobRecord, StoreError> {
+        // The store lets a running job go back to `queued` (for a restart); a client may
+        // only resume a paused one.
+        let status = self.store().get(id)?.status;
+        if status != JobStatus::Paused {
+            return Err(StoreError::Conflict(format!("job {id} is {}; only a paused job can be resumed", status.as_str())));
+        }
         let record = self.store().transition(id, JobStatus::Queued, "Fine-tuning job resumed", |_| {})?;
         self.notify();
         Ok(record)

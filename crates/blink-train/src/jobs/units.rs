@@ -89,8 +89,13 @@ impl Executor {
         self.closed
     }
 
-    fn report(&self, r: Report) {
-        let _ = self.reports.send(Msg::Report(r));
+    /// Send `r` to the worker; when it is gone (the service stopped), the run is dropped
+    /// too, so a stopped server's job does not train on unseen.
+    fn report(&mut self, r: Report) {
+        if self.reports.send(Msg::Report(r)).is_err() {
+            self.closed = true;
+            self.active = None;
+        }
     }
 
     /// The next unit, sized to `free`: the most layers of a forward or backward whose

@@ -387,11 +387,9 @@ mod tests {
         assert!(more && first.len() == 2);
         let (rest, more) = store.list(Some(&first[1].id), 10).unwrap();
         assert!(!more && rest.len() == 3);
-        let mut seen: Vec<String> = first.iter().chain(&rest).map(|j| j.id.clone()).collect();
-        seen.sort();
-        let mut want = ids.clone();
-        want.sort();
-        assert_eq!(seen, want);
+        // Newest first, jobs made within the same second too.
+        let seen: Vec<String> = first.iter().chain(&rest).map(|j| j.id.clone()).collect();
+        assert_eq!(seen, ids.iter().rev().cloned().collect::<Vec<_>>());
         assert!(matches!(store.get("ftjob-nope"), Err(StoreError::NotFound { .. })));
         assert!(matches!(store.list(Some("ftjob-nope"), 1), Err(StoreError::NotFound { .. })));
         assert!(matches!(store.events("ftjob-nope", None, 1), Err(StoreError::NotFound { .. })));
