@@ -182,7 +182,9 @@ impl Model {
     }
 
     fn build_pool(&self, threads: usize, detached: bool) -> Result<blink_runtime::numa::NodePool, ModelError> {
-        let placement = if self.placement.numa { self.placement.clone() } else { TensorPlacement::flat(threads) };
+        // A flat model's pool runs over its placement's CPUs (all allowed ones, unless the
+        // placement was given fewer, e.g. to leave CPUs to a trainer beside a server).
+        let placement = if self.placement.numa { self.placement.clone() } else { TensorPlacement { topology: self.placement.topology.clone(), threads: vec![threads.max(1)], numa: false } };
         placement.pool(detached).map_err(|e| match e {
             blink_runtime::numa::NumaError::Spawn(e) => ModelError::Threads(e),
             e => ModelError::Placement(e.to_string()),
