@@ -1,8 +1,9 @@
 //! The server's LoRA adapters: their names (vLLM's `model: "<name>"`) and llama.cpp's
 //! numeric ids and default scales, the set held in memory (at most `--max-cpu-loras`; past
 //! it the least recently used idle adapter is evicted, and read again when asked for),
-//! run-time paths confined to `--lora-dir`, and what a request's `model` and `lora` fields
-//! resolve to.
+//! run-time paths confined to `--lora-dir`, what a request's `model` and `lora` fields
+//! resolve to, and the adapters fine-tuning jobs publish (registered by name and path, read
+//! on first use: `AdapterSink`).
 //!
 //! A request holds its adapters through an `Arc`, so one in flight when its adapter is
 //! unloaded, replaced or evicted finishes on the weights it started with; the memory goes
@@ -14,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use blink_model::lora::{LoraAdapter, LoraError, LoraMix};
 use blink_model::Model;
+use blink_train::jobs::AdapterSink;
 
 use crate::error::ApiError;
 
@@ -76,6 +78,8 @@ struct Registry {
 /// Every adapter the server knows.
 pub struct Adapters {
     model: Arc<Model>,
+    /// The base model's names, which no adapter may take.
+    reserved: Vec<String>,
     dir: Option<PathBuf>,
     max_resident: usize,
     registry: Mutex<Registry>,
@@ -91,7 +95,7 @@ impl Adapters {
         if opts.max_resident == Some(0) {
             return Err("--max-cpu-loras must be at least 1".into());
         }
-        let adapters = Adapters { model, dir, max_resident: opts.max_resident.unwrap_or(usize::MAX), registry: Mutex::default() };
+        let adapters = Adapters { model, reserved: reserved.to_vec(), dir, max_resident: opts.max_resident.unwrap_or(usize::MAX), registry: Mutex::default() };
         for (name, path, scale) in &opts.preload {
             check_name(name, reserved).map_err(|e| format!("--lora {name}: {}", e.message))?;
             if !scale.is_finite() {
@@ -227,8 +231,38 @@ impl Adapters {
         }
         reg.make_room(self.max_resident)?;
         reg.loads += 1;
-        reg.entries[i].weights = Some(weights.clone());
+        let e = &mut reg.entries[i];
+        (e.info.rank, e.info.alpha) = (weights.max_rank(), weights.alpha());
+        e.weights = Some(weights.clone());
         Ok(weights)
+    }
+
+    /// Serve the adapter at `path` as `name` from now on, read when a request first asks for
+    /// it (so it counts against `--max-cpu-loras` only then). A name already served is
+    /// pointed at `path`, its weights read again on next use; requests in flight keep theirs.
+    pub fn register(&self, name: &str, path: &Path) -> Result<AdapterInfo, String> {
+        check_name(name, &self.reserved).map_err(|e| e.message)?;
+        if !path.join("adapter_config.json").is_file() && !path.is_file() {
+            return Err(format!("no adapter at {}", path.display()));
+        }
+        let (rank, alpha) = peft_rank_alpha(path);
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let mut reg = self.lock();
+        let i = match reg.find(name) {
+            Some(i) => i,
+            None => {
+                let id = reg.next_id;
+                reg.next_id += 1;
+                let info = AdapterInfo { id, name: name.to_owned(), path: PathBuf::new(), scale: 0.0, rank: 0, alpha: 0.0, resident: false, created: 0 };
+                reg.entries.push(Entry { info, weights: None, last_used: 0 });
+                reg.entries.len() - 1
+            }
+        };
+        let e = &mut reg.entries[i];
+        e.info.path = path.to_path_buf();
+        (e.info.rank, e.info.alpha, e.info.created) = (rank, alpha, created);
+        e.weights = None;
+        Ok(e.info.clone())
     }
 
     /// Read and place an adapter on a blocking thread.
@@ -333,6 +367,21 @@ impl Registry {
         release_free_memory();
         Ok(())
     }
+}
+
+/// A fine-tuning job's adapter (or checkpoint) becomes a model requests may name.
+impl AdapterSink for Adapters {
+    fn publish(&self, name: &str, dir: &Path) -> Result<(), String> {
+        self.register(name, dir).map(|_| ())
+    }
+}
+
+/// The rank and alpha a PEFT directory's `adapter_config.json` states (zeros when it
+/// cannot be read; loading the adapter fills them in).
+fn peft_rank_alpha(dir: &Path) -> (usize, f32) {
+    let config = std::fs::read(dir.join("adapter_config.json")).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let Some(c) = config else { return (0, 0.0) };
+    (c["r"].as_u64().map_or(0, |r| r as usize), c["lora_alpha"].as_f64().map_or(0.0, |a| a as f32))
 }
 
 /// A name must be non-empty, printable, and not one of the base model's names.
