@@ -131,6 +131,10 @@ impl Client {
     }
 
     async fn send(&self, method: Method, path: &str, body: Option<Bytes>) -> Result<hyper::Response<Incoming>, String> {
+        self.send_typed(method, path, body.map(|b| ("application/json", b))).await
+    }
+
+    async fn send_typed(&self, method: Method, path: &str, body: Option<(&str, Bytes)>) -> Result<hyper::Response<Incoming>, String> {
         let connect = async { TcpStream::connect(&self.host).await.map_err(|e| format!("cannot connect to {}: {e}", self.host)) };
         let stream = within(&format!("connecting to {}", self.host), connect).await?;
         let _ = stream.set_nodelay(true);
@@ -144,10 +148,10 @@ impl Client {
         if let Some(key) = &self.api_key {
             req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
         }
-        if body.is_some() {
-            req = req.header(header::CONTENT_TYPE, "application/json");
+        if let Some((content_type, _)) = &body {
+            req = req.header(header::CONTENT_TYPE, *content_type);
         }
-        let req = req.body(Full::new(body.unwrap_or_default())).map_err(|e| format!("bad request: {e}"))?;
+        let req = req.body(Full::new(body.map(|(_, b)| b).unwrap_or_default())).map_err(|e| format!("bad request: {e}"))?;
         let answer = async { sender.send_request(req).await.map_err(|e| format!("request to {} failed: {e}", self.host)) };
         within(&format!("waiting for {}", self.host), answer).await
     }
@@ -172,6 +176,20 @@ impl Client {
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<HttpResponse, String> {
         self.post_raw(path, body.to_string()).await
+    }
+
+    /// POST a body of the given content type (a multipart upload, say).
+    pub async fn post_typed(&self, path: &str, content_type: &str, body: impl Into<Bytes>) -> Result<HttpResponse, String> {
+        Self::whole(self.send_typed(Method::POST, path, Some((content_type, body.into()))).await?).await
+    }
+
+    /// Upload `content` as a fine-tuning file named `name` (`POST /v1/files`, multipart).
+    pub async fn upload_file(&self, name: &str, content: &[u8]) -> Result<HttpResponse, String> {
+        const BOUNDARY: &str = "blink-upload-7d1f0c";
+        let mut body = format!("--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nfine-tune\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/jsonl\r\n\r\n").into_bytes();
+        body.extend_from_slice(content);
+        body.extend_from_slice(format!("\r\n--{BOUNDARY}--\r\n").as_bytes());
+        self.post_typed("/v1/files", &format!("multipart/form-data; boundary={BOUNDARY}"), body).await
     }
 
     /// POST and read the answer as server-sent events. A non-200 answer is an error carrying

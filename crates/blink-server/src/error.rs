@@ -74,6 +74,11 @@ impl ApiError {
         ApiError { code: Some("permission_denied"), ..ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", message) }
     }
 
+    /// 409 for a request the resource's state forbids (pausing a finished job).
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError { code: Some("conflict"), ..ApiError::new(StatusCode::CONFLICT, "invalid_request_error", message) }
+    }
+
     /// 404 for an unknown path.
     pub fn no_route(method: &str, path: &str) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no such endpoint: {method} {path}"))

@@ -8,8 +8,9 @@
 //! runtime, never on the engine's compute threads.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//! `GET /health`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`, the files endpoints
-//! (`/v1/files`, with `--state-dir`), and a chat page at `/`.
+//! `GET /health`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`, the files and
+//! fine-tuning jobs endpoints (`/v1/files`, `/v1/fine_tuning/jobs`, with `--state-dir`;
+//! `finetune` starts the jobs and what trains them), and a chat page at `/`.
 //!
 //! `client` is a small HTTP/SSE client for driving a server (bench-serve, tests).
 
@@ -17,6 +18,7 @@ pub mod adapters;
 pub mod body;
 pub mod client;
 pub mod error;
+pub mod finetune;
 pub mod generate;
 pub mod metrics;
 pub mod openai;
@@ -26,4 +28,5 @@ pub mod state;
 
 pub use server::Server;
 pub use adapters::AdapterOptions;
+pub use finetune::{FinetuneMode, FinetuneOptions};
 pub use state::{ModelOptions, Ready, ServerOptions};

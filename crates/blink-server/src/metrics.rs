@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use blink_engine::serve::EngineStats;
 
 use crate::adapters::AdapterStats;
+use crate::finetune::FinetuneStats;
 
 /// Time-to-first-token buckets, in seconds.
 const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -152,6 +153,15 @@ impl Metrics {
             counter(&mut out, "blink_lora_evictions_total", "LoRA adapters evicted from memory to make room (--max-cpu-loras).", a.evictions_total as f64);
         }
         out
+    }
+}
+
+/// The fine-tuning jobs' figures (a server with a state directory).
+pub fn render_finetune(out: &mut String, s: &FinetuneStats) {
+    counter(out, "blink_finetune_trained_tokens_total", "Training tokens of the fine-tuning steps committed (checkpointed) since the server started.", s.trained_tokens as f64);
+    let _ = writeln!(out, "# HELP blink_finetune_jobs Fine-tuning jobs, by status.\n# TYPE blink_finetune_jobs gauge");
+    for (status, n) in &s.jobs {
+        let _ = writeln!(out, "blink_finetune_jobs{{status=\"{status}\"}} {n}");
     }
 }
 

@@ -1,5 +1,5 @@
-//! What the handlers share: options, metrics, and — once loaded — the model, its tokenizer
-//! and template, and the engine.
+//! What the handlers share: options, metrics, the file store, and — once loaded — the
+//! model, its tokenizer and template, the engine, and the fine-tuning jobs.
 //!
 //! The server answers before the model is loaded (`/health` says 503 "loading"), so the
 //! loaded part sits in a `OnceLock` that is set exactly once.
@@ -12,13 +12,15 @@ use blink_engine::serve::latency::Coefficients;
 use blink_engine::serve::{Engine, EngineConfig, SloTargets, TrainingPolicy};
 use blink_engine::Loaded;
 use blink_model::lora::LoraMix;
-use blink_model::{KvType, TensorPlacement};
+use blink_model::{KvType, Model, TensorPlacement};
+use blink_runtime::numa::Topology;
 use blink_text::{ChatMessage, ChatTemplate, Tokenizer};
-
+use blink_train::jobs::JobService;
 use blink_train::store::{FileStore, StoreError};
 
 use crate::adapters::{AdapterOptions, Adapters};
 use crate::error::ApiError;
+use crate::finetune::{self, FineTuning, FinetuneOptions, ServedModel};
 use crate::metrics::Metrics;
 
 /// HTTP-side options.
@@ -39,6 +41,8 @@ pub struct ServerOptions {
     pub state_dir: Option<PathBuf>,
     /// Largest file `POST /v1/files` takes, in bytes.
     pub max_upload_bytes: usize,
+    /// How fine-tuning jobs are trained (with `state_dir`).
+    pub finetune: FinetuneOptions,
 }
 
 impl Default for ServerOptions {
@@ -51,7 +55,28 @@ impl Default for ServerOptions {
             shutdown_grace: Duration::from_secs(10),
             state_dir: None,
             max_upload_bytes: 100 << 20,
+            finetune: FinetuneOptions::default(),
         }
+    }
+}
+
+impl ServerOptions {
+    /// `model` as this server runs it: with a state directory (so a split trainer may run
+    /// beside the engine), a flat engine is kept to the first `threads` allowed CPUs when
+    /// they and the trainer's threads fit in the allowed ones, the trainer taking the next.
+    pub fn engine_options(&self, mut model: ModelOptions) -> ModelOptions {
+        if self.state_dir.is_none() || model.placement.as_ref().is_some_and(|p| p.numa) {
+            return model;
+        }
+        let threads = match model.placement.as_ref() {
+            Some(p) => p.n_threads(),
+            None if model.threads > 0 => model.threads,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        if let Some(cpus) = finetune::engine_cpus(threads, self.finetune.threads) {
+            model.placement = Some(TensorPlacement { topology: Topology::fallback(&cpus), threads: vec![threads], numa: false });
+        }
+        model
     }
 }
 
@@ -118,9 +143,12 @@ impl ModelOptions {
 /// A loaded model being served.
 pub struct Ready {
     pub engine: Engine,
-    pub tokenizer: Tokenizer,
+    pub model: Arc<Model>,
+    /// The model file.
+    pub path: PathBuf,
+    pub tokenizer: Arc<Tokenizer>,
     /// The model's template, or ChatML for a model that has none (as llama.cpp's server).
-    pub template: ChatTemplate,
+    pub template: Arc<ChatTemplate>,
     /// The id `/v1/models` reports: the file name without `.gguf`.
     pub model_id: String,
     /// Other names accepted in the `model` field (the file name, `general.name`).
@@ -190,9 +218,9 @@ impl Ready {
         let model = Arc::new(model);
         let names: Vec<String> = std::iter::once(model_id.clone()).chain(aliases.iter().cloned()).collect();
         let adapters = Arc::new(Adapters::start(model.clone(), &opts.adapters, &names)?);
-        let engine = Engine::start(model, eog, cfg).map_err(|e| e.to_string())?;
+        let engine = Engine::start(model.clone(), eog, cfg).map_err(|e| e.to_string())?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok(Ready { engine, tokenizer, template, model_id, aliases, created, max_seq_len: ctx, adapters })
+        Ok(Ready { engine, model, path: path.clone(), tokenizer: Arc::new(tokenizer), template: Arc::new(template), model_id, aliases, created, max_seq_len: ctx, adapters })
     }
 
     /// The base model's names: its id and aliases (adapters may not take them).
@@ -236,6 +264,8 @@ pub struct AppState {
     ready: OnceLock<Arc<Ready>>,
     /// Uploaded files, when the server has a state directory.
     pub files: Option<Arc<FileStore>>,
+    /// The fine-tuning jobs, once the model is loaded (with a state directory).
+    jobs: OnceLock<FineTuning>,
 }
 
 /// The handle handlers receive.
@@ -245,7 +275,7 @@ impl AppState {
     /// The state for `opts`, with the file store of its state directory opened.
     pub fn new(opts: ServerOptions) -> Result<AppState, StoreError> {
         let files = opts.state_dir.as_deref().map(FileStore::open).transpose()?.map(Arc::new);
-        Ok(AppState { opts, metrics: Metrics::default(), ready: OnceLock::new(), files })
+        Ok(AppState { opts, metrics: Metrics::default(), ready: OnceLock::new(), files, jobs: OnceLock::new() })
     }
 
     /// The loaded model, or 503 while it loads.
@@ -258,8 +288,32 @@ impl AppState {
         self.ready.get()
     }
 
-    /// Publish the loaded model; a second call is ignored.
-    pub fn set_ready(&self, ready: Ready) {
+    /// Serve the loaded model: with a state directory, its fine-tuning jobs start first,
+    /// and the adapters they made are served again. Blocking (it reads the state
+    /// directory): call it off the async threads. A second call is ignored.
+    pub fn set_ready(&self, ready: Ready) -> Result<(), String> {
+        if self.ready.get().is_some() {
+            return Ok(());
+        }
+        if let (Some(dir), Some(files)) = (&self.opts.state_dir, &self.files) {
+            let served = ServedModel { model: &ready.model, path: &ready.path, tokenizer: &ready.tokenizer, template: &ready.template, names: ready.base_names(), adapters: &ready.adapters, engine: &ready.engine };
+            let jobs = finetune::start(dir, files.clone(), served, &self.opts.finetune)?;
+            let _ = self.jobs.set(jobs);
+        }
         let _ = self.ready.set(Arc::new(ready));
+        Ok(())
+    }
+
+    /// The fine-tuning jobs: 403 without a state directory, 503 while the model loads.
+    pub fn jobs(&self) -> Result<&JobService, ApiError> {
+        if self.files.is_none() {
+            return Err(ApiError::forbidden("files and fine-tuning jobs need a state directory: start the server with --state-dir DIR"));
+        }
+        self.jobs.get().map(|j| &j.service).ok_or_else(ApiError::loading)
+    }
+
+    /// The fine-tuning jobs and their trainer, once started.
+    pub fn fine_tuning(&self) -> Option<&FineTuning> {
+        self.jobs.get()
     }
 }

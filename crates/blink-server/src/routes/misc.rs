@@ -135,7 +135,10 @@ pub async fn detokenize(State(app): State<App>, body: Body) -> Result<Response, 
 /// Prometheus text exposition.
 pub async fn metrics(State(app): State<App>) -> Response {
     let stats = app.try_ready().map(|r| (r.engine.stats(), r.adapters.stats()));
-    let text = app.metrics.render(stats.as_ref().map(|(e, _)| e), stats.as_ref().map(|(_, a)| a));
+    let mut text = app.metrics.render(stats.as_ref().map(|(e, _)| e), stats.as_ref().map(|(_, a)| a));
+    if let Some(jobs) = app.fine_tuning() {
+        crate::metrics::render_finetune(&mut text, &jobs.stats());
+    }
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r

@@ -3,6 +3,7 @@
 mod chat;
 mod completions;
 mod files;
+mod jobs;
 mod lora;
 mod misc;
 mod stream;
@@ -45,6 +46,13 @@ pub fn router(app: App) -> Router {
         .route("/v1/files", get(files::list).post(files::create).layer(DefaultBodyLimit::disable()))
         .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/fine_tuning/jobs", get(jobs::list).post(jobs::create))
+        .route("/v1/fine_tuning/jobs/{id}", get(jobs::retrieve))
+        .route("/v1/fine_tuning/jobs/{id}/events", get(jobs::events))
+        .route("/v1/fine_tuning/jobs/{id}/checkpoints", get(jobs::checkpoints))
+        .route("/v1/fine_tuning/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/fine_tuning/jobs/{id}/pause", post(jobs::pause))
+        .route("/v1/fine_tuning/jobs/{id}/resume", post(jobs::resume))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), guard))
@@ -77,7 +85,23 @@ fn endpoint(path: &str) -> &'static str {
         "/v1/files" => "/v1/files",
         p if p.starts_with("/v1/files/") && p.ends_with("/content") => "/v1/files/{id}/content",
         p if p.starts_with("/v1/files/") => "/v1/files/{id}",
+        "/v1/fine_tuning/jobs" => "/v1/fine_tuning/jobs",
+        p if p.starts_with("/v1/fine_tuning/jobs/") => job_endpoint(p),
         _ => "other",
+    }
+}
+
+/// The label of a path under `/v1/fine_tuning/jobs/`.
+fn job_endpoint(path: &str) -> &'static str {
+    let rest = &path["/v1/fine_tuning/jobs/".len()..];
+    match rest.split_once('/').map(|(_, action)| action) {
+        None => "/v1/fine_tuning/jobs/{id}",
+        Some("events") => "/v1/fine_tuning/jobs/{id}/events",
+        Some("checkpoints") => "/v1/fine_tuning/jobs/{id}/checkpoints",
+        Some("cancel") => "/v1/fine_tuning/jobs/{id}/cancel",
+        Some("pause") => "/v1/fine_tuning/jobs/{id}/pause",
+        Some("resume") => "/v1/fine_tuning/jobs/{id}/resume",
+        Some(_) => "other",
     }
 }
 

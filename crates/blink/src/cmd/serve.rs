@@ -11,7 +11,8 @@ use std::time::Duration;
 use blink_model::KvType;
 use blink_engine::serve::latency::Coefficients;
 use blink_engine::serve::{SloTargets, TrainingPolicy};
-use blink_server::{AdapterOptions, ModelOptions, Ready, Server, ServerOptions};
+use blink_server::{AdapterOptions, FinetuneMode, FinetuneOptions, ModelOptions, Ready, Server, ServerOptions};
+use blink_train::jobs::JobSettings;
 
 use crate::common::{parse_kv_type, CliResult, KernelArgs, ModelArgs, NumaArgs};
 
@@ -39,13 +40,68 @@ pub struct Args {
     /// Seconds a client gets to send a request's body.
     #[arg(long = "body-timeout", default_value_t = 30.0)]
     body_timeout: f64,
-    /// Directory for uploaded files and fine-tuning jobs (/v1/files); without it those
-    /// endpoints are off.
+    /// Directory for uploaded files and fine-tuning jobs (/v1/files, /v1/fine_tuning/jobs);
+    /// without it those endpoints are off.
     #[arg(long = "state-dir", value_name = "DIR")]
     state_dir: Option<std::path::PathBuf>,
     /// Largest file POST /v1/files accepts, in bytes.
     #[arg(long = "max-upload-bytes", default_value_t = 100 << 20)]
     max_upload_bytes: usize,
+    #[command(flatten)]
+    finetune: FinetuneArgs,
+}
+
+/// How fine-tuning jobs are trained (with --state-dir).
+#[derive(clap::Args, Clone, Debug)]
+pub struct FinetuneArgs {
+    /// What trains the jobs: `split`, a thread and pool of their own beside the engine
+    /// (pinned to the CPUs after the engine's when -t leaves room).
+    #[arg(long = "finetune-mode", default_value = "split", value_parser = parse_mode)]
+    finetune_mode: FinetuneMode,
+    /// Threads of the fine-tuning pool.
+    #[arg(long = "finetune-threads", default_value_t = 1)]
+    finetune_threads: usize,
+    /// The learning rate a job's learning_rate_multiplier of 1 gives (default 1e-3).
+    #[arg(long = "finetune-lr", hide = true)]
+    finetune_lr: Option<f64>,
+    /// Tokens per packed training batch (default 512).
+    #[arg(long = "finetune-batch-tokens", hide = true)]
+    finetune_batch_tokens: Option<usize>,
+    /// The rank of the adapters jobs train (default 8; alpha is twice it).
+    #[arg(long = "finetune-rank", hide = true)]
+    finetune_rank: Option<usize>,
+}
+
+fn parse_mode(s: &str) -> Result<FinetuneMode, String> {
+    FinetuneMode::parse(s).ok_or_else(|| format!("unknown fine-tuning mode '{s}' (use split)"))
+}
+
+impl FinetuneArgs {
+    fn options(&self) -> CliResult<FinetuneOptions> {
+        if self.finetune_threads == 0 {
+            return Err("--finetune-threads must be at least 1".into());
+        }
+        let mut settings = JobSettings::default();
+        if let Some(lr) = self.finetune_lr {
+            if !(lr.is_finite() && lr > 0.0) {
+                return Err(format!("--finetune-lr must be a positive number, not {lr}").into());
+            }
+            settings.base_lr = lr;
+        }
+        if let Some(tokens) = self.finetune_batch_tokens {
+            if tokens == 0 {
+                return Err("--finetune-batch-tokens must be at least 1".into());
+            }
+            settings.batch_tokens = tokens;
+        }
+        if let Some(rank) = self.finetune_rank {
+            if rank == 0 {
+                return Err("--finetune-rank must be at least 1".into());
+            }
+            (settings.rank, settings.alpha) = (rank, 2.0 * rank as f32);
+        }
+        Ok(FinetuneOptions { mode: self.finetune_mode, threads: self.finetune_threads, settings })
+    }
 }
 
 /// How the engine serves the model (shared with `blink bench-serve`).
@@ -208,6 +264,7 @@ pub fn main(args: Args) -> CliResult {
         body_timeout: seconds("body-timeout", args.body_timeout)?,
         state_dir: args.state_dir.clone(),
         max_upload_bytes: args.max_upload_bytes,
+        finetune: args.finetune.options()?,
         ..ServerOptions::default()
     };
     let runtime = crate::common::io_runtime("blink-http")?;
@@ -215,6 +272,7 @@ pub fn main(args: Args) -> CliResult {
 }
 
 async fn serve(args: Args, opts: ServerOptions) -> CliResult {
+    let server_opts = opts.clone();
     let server = Server::bind((args.host.as_str(), args.port), opts)
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
@@ -223,7 +281,7 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
     let (model, engine) = (args.model.clone(), args.engine.clone());
     let ready = tokio::task::spawn_blocking(move || -> Result<Ready, String> {
         let path = model.path().map_err(|e| e.to_string())?;
-        Ready::load(&engine.options(path).map_err(|e| e.to_string())?)
+        Ready::load(&server_opts.engine_options(engine.options(path).map_err(|e| e.to_string())?))
     });
     let ready = tokio::select! {
         r = ready => r.map_err(|e| format!("loading the model failed: {e}"))??,
@@ -244,7 +302,12 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
     for a in ready.adapters.list() {
         eprintln!("blink: adapter '{}' (id {}, rank {}, alpha {}, default scale {}) from {}", a.name, a.id, a.rank, a.alpha, a.scale, a.path.display());
     }
-    server.set_ready(ready);
+    let app = server.app().clone();
+    let jobs = tokio::task::spawn_blocking(move || app.set_ready(ready));
+    tokio::select! {
+        r = jobs => r.map_err(|e| format!("starting the fine-tuning jobs failed: {e}"))??,
+        _ = shutdown_signal() => return Ok(()),
+    }
     outln!("{url}")?;
     let _ = std::io::stdout().flush();
     shutdown_signal().await;
