@@ -34,6 +34,12 @@ impl FinetuneMode {
             _ => None,
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinetuneMode::Split => "split",
+        }
+    }
 }
 
 /// How the server trains its jobs.
@@ -81,6 +87,9 @@ enum Trainer {
 /// adapter finished jobs made. Blocking (it reads the state directory): run it off the
 /// async threads.
 pub fn start(state_dir: &Path, files: Arc<FileStore>, served: ServedModel<'_>, opts: &FinetuneOptions) -> Result<FineTuning, String> {
+    if served.model.placement().numa {
+        eprintln!("blink: note: fine-tuning trains on a flat model; on this tensor-parallel placement jobs fail (serve with --numa off to train)");
+    }
     let base = BaseModel { model: served.model.clone(), path: served.path.to_path_buf(), tokenizer: served.tokenizer.clone(), template: served.template.clone(), names: served.names.clone() };
     let sink: Arc<dyn AdapterSink> = served.adapters.clone();
     let (service, executor) = JobService::start(state_dir, files, base, opts.settings.clone(), sink).map_err(|e| format!("--state-dir {}: {e}", state_dir.display()))?;

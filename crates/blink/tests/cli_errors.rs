@@ -270,9 +270,11 @@ fn absurd_sizes_and_counts_are_clear_errors() {
     fails_with(&["run", "-m", m, "-p", "hi", "--repeat-last-n", "-2"], "--repeat-last-n must be -1");
     fails_with(&["run", "-m", m, "-p", "hi", "-n", "-3"], "-n/--max-tokens must be -1, -2 or at least 0");
     fails_with(&["serve", "-m", m, "--port", "0", "--queue", "0"], "--queue must be at least 1");
+    fails_with(&["serve", "-m", m, "--port", "0", "--finetune-threads", "0"], "--finetune-threads must be at least 1");
+    fails_with(&["serve", "-m", m, "--port", "0", "--finetune-lr", "0"], "--finetune-lr must be a positive number");
     fails_with(&["run", "-m", std::env::temp_dir().to_str().unwrap(), "-p", "hi"], "it is a directory");
     // Values clap itself refuses: its own message, exit code 2, no panic.
-    for args in [vec!["perplexity", "-m", m, "-f", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cli_errors.rs"), "--chunks", "0"], vec!["run", "-m", m, "-p", "hi", "--seed", "-5"]] {
+    for args in [vec!["perplexity", "-m", m, "-f", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cli_errors.rs"), "--chunks", "0"], vec!["run", "-m", m, "-p", "hi", "--seed", "-5"], vec!["serve", "-m", m, "--finetune-mode", "fast"]] {
         let out = blink(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).starts_with("error: invalid value"), "{args:?}: {}", stderr(&out));

@@ -178,3 +178,19 @@ pub(crate) fn json_response(v: &Value) -> Response {
 pub(crate) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::endpoint;
+
+    #[test]
+    fn job_paths_have_their_own_labels() {
+        assert_eq!(endpoint("/v1/fine_tuning/jobs"), "/v1/fine_tuning/jobs");
+        assert_eq!(endpoint("/v1/fine_tuning/jobs/ftjob-1"), "/v1/fine_tuning/jobs/{id}");
+        for action in ["events", "checkpoints", "cancel", "pause", "resume"] {
+            assert_eq!(endpoint(&format!("/v1/fine_tuning/jobs/ftjob-1/{action}")), format!("/v1/fine_tuning/jobs/{{id}}/{action}"));
+        }
+        assert_eq!(endpoint("/v1/fine_tuning/jobs/ftjob-1/explode"), "other");
+        assert_eq!(endpoint("/v1/fine_tuning/jobs/ftjob-1/events/x"), "other");
+    }
+}

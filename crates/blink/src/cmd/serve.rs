@@ -308,6 +308,10 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
         r = jobs => r.map_err(|e| format!("starting the fine-tuning jobs failed: {e}"))??,
         _ = shutdown_signal() => return Ok(()),
     }
+    if let (Some(dir), Some(_)) = (&args.state_dir, server.app().fine_tuning()) {
+        let f = &server.app().opts.finetune;
+        eprintln!("blink: fine-tuning jobs in {} ({} trainer, {} thread(s))", dir.display(), f.mode.as_str(), f.threads);
+    }
     outln!("{url}")?;
     let _ = std::io::stdout().flush();
     shutdown_signal().await;
