@@ -204,8 +204,10 @@ fn a_job_killed_mid_training_resumes_from_its_last_committed_step_and_ends_as_an
     // The same job without a kill (same file, seed and hyperparameters): the same adapter.
     let mut body = spec(&file);
     body["model"] = json!(base);
+    let started = Instant::now();
     let again = second.post("/v1/fine_tuning/jobs", &body)["id"].as_str().unwrap().to_string();
     let (clean, clean_events) = second.wait(&again, |j, _| is_final(j));
+    println!("the job never killed: {total} steps, {} tokens, {:.1?} from create to succeeded", clean["trained_tokens"], started.elapsed());
     assert_eq!(clean["status"], "succeeded", "{clean}");
     assert_eq!(clean["trained_tokens"], job["trained_tokens"]);
     assert_eq!(losses(&clean_events), losses(&events), "the same loss at every step");
