@@ -1,17 +1,18 @@
 //! The server's fine-tuning jobs (`/v1/fine_tuning/jobs`, with `--state-dir`): starting
-//! the job service of `blink_train::jobs` over the loaded model, choosing what runs the
-//! jobs' training units (`start_trainer`: the one place a mode is picked), keeping the
-//! split trainer's threads off the engine's CPUs, serving the adapters the jobs made, and
-//! the figures `/metrics` exports.
+//! the job service of `blink_train::jobs` over the loaded model, before the engine starts,
+//! choosing what runs the jobs' training units (`start_trainer`: the one place a mode is
+//! picked; a trainer inside the engine hands back the hook the engine starts with),
+//! keeping the split trainer's threads off the engine's CPUs, serving the adapters the
+//! jobs made, and the figures `/metrics` exports.
 //!
 //! The jobs' adapters are served through the server's adapter registry (`Adapters`
 //! implements `AdapterSink`): a finished job's `ft:<base>:<suffix>:<job id>` and its epoch
 //! checkpoints become models as soon as they are written, and again after a restart.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use blink_engine::serve::Engine;
+use blink_engine::serve::CoServe;
 use blink_model::Model;
 use blink_runtime::numa::{NodePool, Topology};
 use blink_text::{ChatTemplate, Tokenizer};
@@ -58,6 +59,14 @@ impl Default for FinetuneOptions {
     }
 }
 
+/// Where a server's jobs live and how they train.
+pub struct JobsSetup {
+    pub state_dir: PathBuf,
+    /// The files endpoints' store, shared with the jobs.
+    pub files: Arc<FileStore>,
+    pub options: FinetuneOptions,
+}
+
 /// The loaded model as the jobs see it.
 pub struct ServedModel<'a> {
     pub model: &'a Arc<Model>,
@@ -69,7 +78,6 @@ pub struct ServedModel<'a> {
     /// The served model id first, then its aliases: what a job's `model` may name.
     pub names: Vec<String>,
     pub adapters: &'a Arc<Adapters>,
-    pub engine: &'a Engine,
 }
 
 /// The jobs of a running server and what trains them.
@@ -83,35 +91,39 @@ enum Trainer {
     Split(#[allow(dead_code)] SplitTrainer),
 }
 
-/// Open the jobs of `state_dir`, start their worker and trainer, and serve again every
-/// adapter finished jobs made. Blocking (it reads the state directory): run it off the
-/// async threads.
-pub fn start(state_dir: &Path, files: Arc<FileStore>, served: ServedModel<'_>, opts: &FinetuneOptions) -> Result<FineTuning, String> {
+/// Open the jobs of the state directory, start their worker and trainer, and serve again
+/// every adapter finished jobs made; with the hook to start the engine with when the
+/// trainer runs inside it. Blocking (it reads the state directory): run it off the async
+/// threads, before the engine starts.
+pub fn start(setup: &JobsSetup, served: ServedModel<'_>) -> Result<(FineTuning, Option<Box<dyn CoServe>>), String> {
+    let (state_dir, opts) = (&setup.state_dir, &setup.options);
     if served.model.placement().numa {
         eprintln!("blink: note: fine-tuning trains on a flat model; on this tensor-parallel placement jobs fail (serve with --numa off to train)");
     }
     let base = BaseModel { model: served.model.clone(), path: served.path.to_path_buf(), tokenizer: served.tokenizer.clone(), template: served.template.clone(), names: served.names.clone() };
     let sink: Arc<dyn AdapterSink> = served.adapters.clone();
-    let (service, executor) = JobService::start(state_dir, files, base, opts.settings.clone(), sink).map_err(|e| format!("--state-dir {}: {e}", state_dir.display()))?;
+    let (service, executor) = JobService::start(state_dir, setup.files.clone(), base, opts.settings.clone(), sink).map_err(|e| format!("--state-dir {}: {e}", state_dir.display()))?;
     for (name, dir) in service.served_models() {
         if let Err(e) = served.adapters.publish(&name, &dir) {
             eprintln!("blink: warning: the fine-tuned model {name} is not served: {e}");
         }
     }
-    let trainer = start_trainer(opts.mode, executor, &served, opts.threads)?;
-    Ok(FineTuning { service, _trainer: trainer })
+    let (trainer, hook) = start_trainer(opts.mode, executor, served.model, opts.threads)?;
+    Ok((FineTuning { service, _trainer: trainer }, hook))
 }
 
-/// Start what runs the jobs' units, by mode. The split trainer runs them back to back on
-/// `threads` threads of its own, kept off the engine's CPUs where the machine has room.
-fn start_trainer(mode: FinetuneMode, executor: Executor, served: &ServedModel<'_>, threads: usize) -> Result<Trainer, String> {
+/// Start what runs the jobs' units, by mode; a trainer inside the engine returns the hook
+/// the engine is to start with (`Engine::start_with`). The split trainer runs them back
+/// to back on `threads` threads of its own, kept off the engine's CPUs where the machine
+/// has room.
+fn start_trainer(mode: FinetuneMode, executor: Executor, model: &Arc<Model>, threads: usize) -> Result<(Trainer, Option<Box<dyn CoServe>>), String> {
     match mode {
         FinetuneMode::Split => {
             let threads = threads.max(1);
-            let cpus = trainer_cpus(served.model, threads);
+            let cpus = trainer_cpus(model, threads);
             let pool = NodePool::new(&Topology::fallback(&cpus), &[threads]).map_err(|e| format!("cannot start the fine-tuning threads: {e}"))?;
-            let trainer = SplitTrainer::start(executor, served.model.clone(), pool).map_err(|e| format!("cannot start the fine-tuning thread: {e}"))?;
-            Ok(Trainer::Split(trainer))
+            let trainer = SplitTrainer::start(executor, model.clone(), pool).map_err(|e| format!("cannot start the fine-tuning thread: {e}"))?;
+            Ok((Trainer::Split(trainer), None))
         }
     }
 }

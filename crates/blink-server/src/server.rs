@@ -44,12 +44,12 @@ impl Server {
 
     /// Bind, then load the model (off the async threads) and start serving it.
     pub async fn start(addr: impl ToSocketAddrs, opts: ServerOptions, model: ModelOptions) -> Result<Server, String> {
-        let model = opts.engine_options(model);
         let server = Server::bind(addr, opts).await.map_err(|e| format!("cannot listen: {e}"))?;
         let app = server.app.clone();
-        tokio::task::spawn_blocking(move || app.set_ready(Ready::load(&model)?))
+        let ready = tokio::task::spawn_blocking(move || app.load(&model))
             .await
             .map_err(|e| format!("loading the model failed: {e}"))??;
+        server.set_ready(ready);
         Ok(server)
     }
 
@@ -63,10 +63,10 @@ impl Server {
         &self.app
     }
 
-    /// Start serving a loaded model (and, with a state directory, its fine-tuning jobs:
-    /// this reads the directory, so call it off the async threads).
-    pub fn set_ready(&self, ready: Ready) -> Result<(), String> {
-        self.app.set_ready(ready)
+    /// Start serving a loaded model (load it with [`AppState::load`](crate::state::AppState::load)
+    /// to have the server's fine-tuning jobs start with it).
+    pub fn set_ready(&self, ready: Ready) {
+        self.app.set_ready(ready);
     }
 
     /// Stop accepting, give in-flight requests the grace period, and return.

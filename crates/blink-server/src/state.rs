@@ -15,12 +15,11 @@ use blink_model::lora::LoraMix;
 use blink_model::{KvType, Model, TensorPlacement};
 use blink_runtime::numa::Topology;
 use blink_text::{ChatMessage, ChatTemplate, Tokenizer};
-use blink_train::jobs::JobService;
 use blink_train::store::{FileStore, StoreError};
 
 use crate::adapters::{AdapterOptions, Adapters};
 use crate::error::ApiError;
-use crate::finetune::{self, FineTuning, FinetuneOptions, ServedModel};
+use crate::finetune::{self, FineTuning, FinetuneOptions, JobsSetup, ServedModel};
 use crate::metrics::Metrics;
 
 /// HTTP-side options.
@@ -64,7 +63,7 @@ impl ServerOptions {
     /// `model` as this server runs it: with a state directory (so a split trainer may run
     /// beside the engine), a flat engine is kept to the first `threads` allowed CPUs when
     /// they and the trainer's threads fit in the allowed ones, the trainer taking the next.
-    pub fn engine_options(&self, mut model: ModelOptions) -> ModelOptions {
+    fn engine_options(&self, mut model: ModelOptions) -> ModelOptions {
         if self.state_dir.is_none() || model.placement.as_ref().is_some_and(|p| p.numa) {
             return model;
         }
@@ -159,12 +158,20 @@ pub struct Ready {
     pub max_seq_len: usize,
     /// The LoRA adapters served over the model.
     pub adapters: Arc<Adapters>,
+    /// The fine-tuning jobs and what trains them (with a state directory).
+    pub fine_tuning: Option<Arc<FineTuning>>,
 }
 
 impl Ready {
     /// Load the model, tokenizer and template and start the engine. Blocks (run it off the
     /// async runtime).
     pub fn load(opts: &ModelOptions) -> Result<Ready, String> {
+        Ready::load_with(opts, None)
+    }
+
+    /// [`Ready::load`], with the fine-tuning jobs of `jobs` started before the engine (a
+    /// trainer may run inside it) and the adapters they made served.
+    pub fn load_with(opts: &ModelOptions, jobs: Option<&JobsSetup>) -> Result<Ready, String> {
         let path = &opts.path;
         let threads = if opts.threads > 0 { opts.threads } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
         let placement = opts.placement.clone().unwrap_or_else(|| TensorPlacement::flat(threads));
@@ -177,7 +184,7 @@ impl Ready {
             eprintln!("blink: warning: {w}");
         }
         let Loaded { model, tokenizer, template, .. } = loaded;
-        let template = template.unwrap_or_else(ChatTemplate::chatml);
+        let (tokenizer, template) = (Arc::new(tokenizer), Arc::new(template.unwrap_or_else(ChatTemplate::chatml)));
 
         let ctx = model.cfg.context_for(opts.ctx_size);
         if let Some(w) = model.cfg.context_warning(ctx) {
@@ -218,9 +225,17 @@ impl Ready {
         let model = Arc::new(model);
         let names: Vec<String> = std::iter::once(model_id.clone()).chain(aliases.iter().cloned()).collect();
         let adapters = Arc::new(Adapters::start(model.clone(), &opts.adapters, &names)?);
-        let engine = Engine::start(model.clone(), eog, cfg).map_err(|e| e.to_string())?;
+        let (fine_tuning, coserve) = match jobs {
+            Some(setup) => {
+                let served = ServedModel { model: &model, path, tokenizer: &tokenizer, template: &template, names, adapters: &adapters };
+                let (jobs, hook) = finetune::start(setup, served)?;
+                (Some(Arc::new(jobs)), hook)
+            }
+            None => (None, None),
+        };
+        let engine = Engine::start_with(model.clone(), eog, cfg, coserve).map_err(|e| e.to_string())?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok(Ready { engine, model, path: path.clone(), tokenizer: Arc::new(tokenizer), template: Arc::new(template), model_id, aliases, created, max_seq_len: ctx, adapters })
+        Ok(Ready { engine, model, path: path.clone(), tokenizer, template, model_id, aliases, created, max_seq_len: ctx, adapters, fine_tuning })
     }
 
     /// The base model's names: its id and aliases (adapters may not take them).
@@ -264,8 +279,6 @@ pub struct AppState {
     ready: OnceLock<Arc<Ready>>,
     /// Uploaded files, when the server has a state directory.
     pub files: Option<Arc<FileStore>>,
-    /// The fine-tuning jobs, once the model is loaded (with a state directory).
-    jobs: OnceLock<FineTuning>,
 }
 
 /// The handle handlers receive.
@@ -275,7 +288,7 @@ impl AppState {
     /// The state for `opts`, with the file store of its state directory opened.
     pub fn new(opts: ServerOptions) -> Result<AppState, StoreError> {
         let files = opts.state_dir.as_deref().map(FileStore::open).transpose()?.map(Arc::new);
-        Ok(AppState { opts, metrics: Metrics::default(), ready: OnceLock::new(), files, jobs: OnceLock::new() })
+        Ok(AppState { opts, metrics: Metrics::default(), ready: OnceLock::new(), files })
     }
 
     /// The loaded model, or 503 while it loads.
@@ -288,32 +301,33 @@ impl AppState {
         self.ready.get()
     }
 
-    /// Serve the loaded model: with a state directory, its fine-tuning jobs start first,
-    /// and the adapters they made are served again. Blocking (it reads the state
-    /// directory): call it off the async threads. A second call is ignored.
-    pub fn set_ready(&self, ready: Ready) -> Result<(), String> {
-        if self.ready.get().is_some() {
-            return Ok(());
-        }
-        if let (Some(dir), Some(files)) = (&self.opts.state_dir, &self.files) {
-            let served = ServedModel { model: &ready.model, path: &ready.path, tokenizer: &ready.tokenizer, template: &ready.template, names: ready.base_names(), adapters: &ready.adapters, engine: &ready.engine };
-            let jobs = finetune::start(dir, files.clone(), served, &self.opts.finetune)?;
-            let _ = self.jobs.set(jobs);
-        }
+    /// Load the model as this server runs it: the engine kept off a split trainer's CPUs
+    /// and, with a state directory, the fine-tuning jobs started with it. Blocks (it loads
+    /// the model and reads the state directory): run it off the async runtime.
+    pub fn load(&self, model: &ModelOptions) -> Result<Ready, String> {
+        let model = self.opts.engine_options(model.clone());
+        let jobs = match (&self.opts.state_dir, &self.files) {
+            (Some(dir), Some(files)) => Some(JobsSetup { state_dir: dir.clone(), files: files.clone(), options: self.opts.finetune.clone() }),
+            _ => None,
+        };
+        Ready::load_with(&model, jobs.as_ref())
+    }
+
+    /// Publish the loaded model; a second call is ignored.
+    pub fn set_ready(&self, ready: Ready) {
         let _ = self.ready.set(Arc::new(ready));
-        Ok(())
     }
 
     /// The fine-tuning jobs: 403 without a state directory, 503 while the model loads.
-    pub fn jobs(&self) -> Result<&JobService, ApiError> {
+    pub fn jobs(&self) -> Result<Arc<FineTuning>, ApiError> {
         if self.files.is_none() {
             return Err(ApiError::forbidden("files and fine-tuning jobs need a state directory: start the server with --state-dir DIR"));
         }
-        self.jobs.get().map(|j| &j.service).ok_or_else(ApiError::loading)
+        self.ready()?.fine_tuning.clone().ok_or_else(|| ApiError::internal("the fine-tuning jobs did not start"))
     }
 
-    /// The fine-tuning jobs and their trainer, once started.
+    /// The fine-tuning jobs and their trainer, once the model is loaded.
     pub fn fine_tuning(&self) -> Option<&FineTuning> {
-        self.jobs.get()
+        self.ready.get().and_then(|r| r.fine_tuning.as_deref())
     }
 }

@@ -40,9 +40,8 @@ fn job_error(e: StoreError) -> ApiError {
 
 /// Runs `f` on the job service on a blocking thread.
 async fn blocking<T: Send + 'static>(app: &App, f: impl FnOnce(&JobService) -> Result<T, StoreError> + Send + 'static) -> Result<T, ApiError> {
-    app.jobs()?;
-    let app = app.clone();
-    tokio::task::spawn_blocking(move || app.jobs().and_then(|jobs| f(jobs).map_err(job_error)))
+    let jobs = app.jobs()?;
+    tokio::task::spawn_blocking(move || f(&jobs.service).map_err(job_error))
         .await
         .map_err(|e| ApiError::internal(format!("the fine-tuning jobs store failed: {e}")))?
 }

@@ -272,16 +272,15 @@ pub fn main(args: Args) -> CliResult {
 }
 
 async fn serve(args: Args, opts: ServerOptions) -> CliResult {
-    let server_opts = opts.clone();
     let server = Server::bind((args.host.as_str(), args.port), opts)
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let url = format!("http://{}", server.addr());
     eprintln!("blink: listening on {url}; loading the model (/health answers 503 until it is ready)");
-    let (model, engine) = (args.model.clone(), args.engine.clone());
+    let (model, engine, app) = (args.model.clone(), args.engine.clone(), server.app().clone());
     let ready = tokio::task::spawn_blocking(move || -> Result<Ready, String> {
         let path = model.path().map_err(|e| e.to_string())?;
-        Ready::load(&server_opts.engine_options(engine.options(path).map_err(|e| e.to_string())?))
+        app.load(&engine.options(path).map_err(|e| e.to_string())?)
     });
     let ready = tokio::select! {
         r = ready => r.map_err(|e| format!("loading the model failed: {e}"))??,
@@ -302,12 +301,7 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
     for a in ready.adapters.list() {
         eprintln!("blink: adapter '{}' (id {}, rank {}, alpha {}, default scale {}) from {}", a.name, a.id, a.rank, a.alpha, a.scale, a.path.display());
     }
-    let app = server.app().clone();
-    let jobs = tokio::task::spawn_blocking(move || app.set_ready(ready));
-    tokio::select! {
-        r = jobs => r.map_err(|e| format!("starting the fine-tuning jobs failed: {e}"))??,
-        _ = shutdown_signal() => return Ok(()),
-    }
+    server.set_ready(ready);
     if let (Some(dir), Some(_)) = (&args.state_dir, server.app().fine_tuning()) {
         let f = &server.app().opts.finetune;
         eprintln!("blink: fine-tuning jobs in {} ({} trainer, {} thread(s))", dir.display(), f.mode.as_str(), f.threads);
