@@ -16,7 +16,7 @@ use blink_engine::serve::CoServe;
 use blink_model::Model;
 use blink_runtime::numa::{NodePool, Topology};
 use blink_text::{ChatTemplate, Tokenizer};
-use blink_train::jobs::{AdapterSink, BaseModel, Executor, JobService, JobSettings, SplitTrainer};
+use blink_train::jobs::{AdapterSink, BaseModel, CoServedJobs, Executor, JobService, JobSettings, SplitTrainer};
 use blink_train::store::{FileStore, JobStatus};
 
 use crate::adapters::Adapters;
@@ -24,6 +24,9 @@ use crate::adapters::Adapters;
 /// What runs the jobs' training units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinetuneMode {
+    /// Inside the engine's steps, in the time the requests' targets leave
+    /// (`--finetune-mode coserve`, the default; see `--coserve-policy`).
+    CoServe,
     /// A thread and pool of their own beside the engine (`--finetune-mode split`).
     Split,
 }
@@ -31,6 +34,7 @@ pub enum FinetuneMode {
 impl FinetuneMode {
     pub fn parse(s: &str) -> Option<FinetuneMode> {
         match s {
+            "coserve" => Some(FinetuneMode::CoServe),
             "split" => Some(FinetuneMode::Split),
             _ => None,
         }
@@ -38,6 +42,7 @@ impl FinetuneMode {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            FinetuneMode::CoServe => "coserve",
             FinetuneMode::Split => "split",
         }
     }
@@ -55,7 +60,7 @@ pub struct FinetuneOptions {
 
 impl Default for FinetuneOptions {
     fn default() -> Self {
-        FinetuneOptions { mode: FinetuneMode::Split, threads: 1, settings: JobSettings::default() }
+        FinetuneOptions { mode: FinetuneMode::CoServe, threads: 1, settings: JobSettings::default() }
     }
 }
 
@@ -88,6 +93,8 @@ pub struct FineTuning {
 
 /// What runs the jobs' units; dropping it lets its threads end once the service stops.
 enum Trainer {
+    /// The engine runs them (through the hook it was started with).
+    Engine,
     Split(#[allow(dead_code)] SplitTrainer),
 }
 
@@ -118,6 +125,7 @@ pub fn start(setup: &JobsSetup, served: ServedModel<'_>) -> Result<(FineTuning, 
 /// has room.
 fn start_trainer(mode: FinetuneMode, executor: Executor, model: &Arc<Model>, threads: usize) -> Result<(Trainer, Option<Box<dyn CoServe>>), String> {
     match mode {
+        FinetuneMode::CoServe => Ok((Trainer::Engine, Some(Box::new(CoServedJobs::new(executor))))),
         FinetuneMode::Split => {
             let threads = threads.max(1);
             let cpus = trainer_cpus(model, threads);

@@ -234,6 +234,11 @@ impl Ready {
             None => (None, None),
         };
         let engine = Engine::start_with(model.clone(), eog, cfg, coserve).map_err(|e| e.to_string())?;
+        if let Some(jobs) = &fine_tuning {
+            // A co-serving engine sleeps while nothing runs: a job handed over wakes it.
+            let waker = engine.clone();
+            jobs.service.set_waker(Box::new(move || waker.wake()));
+        }
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Ok(Ready { engine, model, path: path.clone(), tokenizer, template, model_id, aliases, created, max_seq_len: ctx, adapters, fine_tuning })
     }

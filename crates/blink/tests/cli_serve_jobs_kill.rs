@@ -2,8 +2,9 @@
 //! started again on the same directory: the job goes back to running from its last
 //! committed step, every step is logged once (none missing, none twice, the first one
 //! after the restart the next one), and it ends with the very adapter (and losses) of
-//! the same job run without a kill. With `-t 1 --finetune-threads 1` on two CPUs the
-//! engine's compute thread and the trainer's are pinned apart.
+//! the same job run without a kill. Both ways of training: co-served by the engine (the
+//! default) and split (with `-t 1 --finetune-threads 1` on two CPUs the engine's compute
+//! thread and the trainer's are pinned apart).
 
 mod support;
 
@@ -25,11 +26,11 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(state: &Path, log: PathBuf) -> Serve {
+    fn start(state: &Path, log: PathBuf, mode: &str) -> Serve {
         let model = model_path();
         let stderr = std::fs::File::create(&log).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_blink"))
-            .args(["serve", "-m", model.to_str().unwrap(), "--port", "0", "-t", "1", "-c", "512", "--finetune-threads", "1"])
+            .args(["serve", "-m", model.to_str().unwrap(), "--port", "0", "-t", "1", "-c", "512", "--finetune-threads", "1", "--finetune-mode", mode])
             .arg("--state-dir")
             .arg(state)
             .stdin(Stdio::null())
@@ -149,8 +150,17 @@ const EXAMPLES: usize = 6;
 const EPOCHS: u64 = 2;
 
 #[test]
-fn a_job_killed_mid_training_resumes_from_its_last_committed_step_and_ends_as_an_uninterrupted_one() {
-    let dir = std::env::temp_dir().join(format!("blink-serve-kill-{}", std::process::id()));
+fn a_co_served_job_killed_mid_training_resumes_from_its_last_committed_step_and_ends_as_an_uninterrupted_one() {
+    killed_and_restarted("coserve");
+}
+
+#[test]
+fn a_split_job_killed_mid_training_resumes_from_its_last_committed_step_and_ends_as_an_uninterrupted_one() {
+    killed_and_restarted("split");
+}
+
+fn killed_and_restarted(mode: &str) {
+    let dir = std::env::temp_dir().join(format!("blink-serve-kill-{mode}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let state = dir.join("state");
@@ -158,7 +168,7 @@ fn a_job_killed_mid_training_resumes_from_its_last_committed_step_and_ends_as_an
     let total = EXAMPLES as u64 * EPOCHS;
     let spec = |file: &str| json!({"model": "", "training_file": file, "seed": 11, "hyperparameters": {"n_epochs": EPOCHS, "batch_size": 1}});
 
-    let first = Serve::start(&state, dir.join("server-0.log"));
+    let first = Serve::start(&state, dir.join("server-0.log"), mode);
     let base = first.get("/v1/models")["data"][0]["id"].as_str().unwrap().to_string();
     let file = first.call(first.client().upload_file("zorb.jsonl", data.as_bytes()))["id"].as_str().unwrap().to_string();
     let mut body = spec(&file);
@@ -175,7 +185,7 @@ fn a_job_killed_mid_training_resumes_from_its_last_committed_step_and_ends_as_an
         assert_eq!(job["status"], "running", "the job must still run when the server is killed: {job}");
         // Two CPUs: the engine's one compute thread on the first, the trainer on the second.
         let allowed = blink_runtime::affinity::allowed_cpus();
-        if allowed.len() >= 2 && std::env::var_os("BLINK_NO_PIN").is_none() {
+        if mode == "split" && allowed.len() >= 2 && std::env::var_os("BLINK_NO_PIN").is_none() {
             let pid = server.child.id();
             assert_eq!(thread_cpus(pid, "blink-compute-0"), Some(allowed[0].to_string()), "the engine's thread");
             assert_eq!(thread_cpus(pid, "blink-split-tra"), Some(allowed[1].to_string()), "the trainer's thread");
@@ -183,7 +193,7 @@ fn a_job_killed_mid_training_resumes_from_its_last_committed_step_and_ends_as_an
         server.child.kill().unwrap(); // SIGKILL
         server.child.wait().unwrap();
         println!("server {life} killed with {} of {total} steps logged", metric_steps(&events_on_disk(&state, &id)).len());
-        server = Serve::start(&state, dir.join(format!("server-{}.log", life + 1)));
+        server = Serve::start(&state, dir.join(format!("server-{}.log", life + 1)), mode);
     }
     let second = server;
     let (job, events) = second.wait(&id, |j, _| is_final(j));

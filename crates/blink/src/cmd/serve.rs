@@ -54,9 +54,10 @@ pub struct Args {
 /// How fine-tuning jobs are trained (with --state-dir).
 #[derive(clap::Args, Clone, Debug)]
 pub struct FinetuneArgs {
-    /// What trains the jobs: `split`, a thread and pool of their own beside the engine
-    /// (pinned to the CPUs after the engine's when -t leaves room).
-    #[arg(long = "finetune-mode", default_value = "split", value_parser = parse_mode)]
+    /// What trains the jobs: `coserve`, the engine in the time the requests' targets leave
+    /// (see --slo-ttft, --slo-tpot, --coserve-policy); `split`, a thread and pool of their
+    /// own beside the engine (pinned to the CPUs after the engine's when -t leaves room).
+    #[arg(long = "finetune-mode", default_value = "coserve", value_parser = parse_mode)]
     finetune_mode: FinetuneMode,
     /// Threads of the fine-tuning pool.
     #[arg(long = "finetune-threads", default_value_t = 1)]
@@ -73,7 +74,7 @@ pub struct FinetuneArgs {
 }
 
 fn parse_mode(s: &str) -> Result<FinetuneMode, String> {
-    FinetuneMode::parse(s).ok_or_else(|| format!("unknown fine-tuning mode '{s}' (use split)"))
+    FinetuneMode::parse(s).ok_or_else(|| format!("unknown fine-tuning mode '{s}' (use coserve or split)"))
 }
 
 impl FinetuneArgs {
