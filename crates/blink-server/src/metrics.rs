@@ -8,7 +8,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use blink_engine::serve::EngineStats;
+use blink_engine::serve::latency::StepKind;
+use blink_engine::serve::{EngineStats, LatencyKindStats};
 
 use crate::adapters::AdapterStats;
 use crate::finetune::FinetuneStats;
@@ -144,6 +145,10 @@ impl Metrics {
         counter(&mut out, "blink_engine_steps_planned_ahead_total", "Engine steps built while the previous step computed.", s.steps_planned_ahead as f64);
         counter(&mut out, "blink_engine_requests_admitted_late_total", "Requests admitted between two steps, into the step about to start, having arrived after the control work beside the step before.", s.requests_admitted_late as f64);
         counter(&mut out, "blink_engine_beside_seconds_total", "Control work (hand-off, admission, planning) done while a step computed, off the critical path.", s.beside_seconds_total);
+        counter(&mut out, "blink_coserve_units_total", "Co-served fine-tuning units the engine ran.", s.train_units_total as f64);
+        counter(&mut out, "blink_coserve_seconds_total", "Time the engine spent in co-served fine-tuning units.", s.train_seconds_total);
+        counter(&mut out, "blink_coserve_units_beside_requests_total", "Co-served fine-tuning units that shared their step with requests' rows.", s.train_units_beside_requests as f64);
+        render_latency(&mut out, s);
         if let Some(a) = adapters {
             gauge(&mut out, "blink_lora_adapters", "LoRA adapters served (held in memory or not).", a.registered as f64);
             gauge(&mut out, "blink_lora_adapters_resident", "LoRA adapters held in memory (--max-cpu-loras bounds it).", a.resident as f64);
@@ -153,6 +158,27 @@ impl Metrics {
             counter(&mut out, "blink_lora_evictions_total", "LoRA adapters evicted from memory to make room (--max-cpu-loras).", a.evictions_total as f64);
         }
         out
+    }
+}
+
+/// The latency model's record per kind of step (the kinds it has seen).
+fn render_latency(out: &mut String, s: &EngineStats) {
+    let seen: Vec<_> = StepKind::ALL.iter().zip(&s.latency).filter(|(_, k)| k.count > 0).collect();
+    let series: [(&str, &str, fn(&LatencyKindStats) -> f64); 4] = [
+        ("blink_latency_model_relative_error", "Median |relative error| of the step-time predictor (refitted online) over recent steps of a kind.", |k| k.median_online),
+        ("blink_latency_model_offline_relative_error", "Median |relative error| the offline coefficients alone would have had on the same steps.", |k| k.median_offline),
+        ("blink_latency_model_margin", "The margin a kind's predictions get (a quantile of its recent under-predictions).", |k| k.margin),
+        ("blink_latency_model_steps_total", "Steps (or training units) of a kind the predictor has observed.", |k| k.count as f64),
+    ];
+    for (name, help, value) in series {
+        let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (k, stats) in &seen {
+            let v = value(stats);
+            if v.is_finite() {
+                let _ = writeln!(out, "{name}{{kind=\"{}\"}} {v}", k.name());
+            }
+        }
     }
 }
 
@@ -194,7 +220,9 @@ mod tests {
         m.add_tokens(10, 5);
         m.ttft.observe(0.2);
         m.itl.observe(0.02);
-        let stats = EngineStats { running: 3, step_seconds_total: 2.0, compute_seconds_total: 1.5, kv_resident_bytes: 1 << 20, ..Default::default() };
+        let mut stats = EngineStats { running: 3, step_seconds_total: 2.0, compute_seconds_total: 1.5, kv_resident_bytes: 1 << 20, train_units_total: 7, ..Default::default() };
+        stats.latency[0] = LatencyKindStats { count: 12, median_online: 0.04, median_offline: 0.3, margin: 0.1 };
+        stats.latency[4] = LatencyKindStats { count: 3, median_online: f64::NAN, median_offline: f64::NAN, margin: 0.5 };
         let adapters = AdapterStats { resident: 2, held_bytes: 1000, ..Default::default() };
         let text = m.render(Some(&stats), Some(&adapters));
         assert!(text.contains("blink_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2"), "{text}");
@@ -206,6 +234,12 @@ mod tests {
         assert_eq!(sample(&text, "blink_kv_resident_bytes"), Some(1048576.0));
         assert_eq!(sample(&text, "blink_time_to_first_token_seconds_count"), Some(1.0));
         assert_eq!(sample(&text, "blink_lora_resident_bytes"), Some(1000.0));
+        assert_eq!(sample(&text, "blink_coserve_units_total"), Some(7.0));
+        // Kinds observed only; no NaN ever printed.
+        assert!(text.contains("blink_latency_model_relative_error{kind=\"decode\"} 0.04"), "{text}");
+        assert!(text.contains("blink_latency_model_offline_relative_error{kind=\"decode\"} 0.3"), "{text}");
+        assert!(text.contains("blink_latency_model_margin{kind=\"train_head\"} 0.5"), "{text}");
+        assert!(!text.contains("NaN") && !text.contains("kind=\"prefill\""), "{text}");
         assert_eq!(sample(&m.render(None, None), "blink_model_loaded"), Some(0.0));
     }
 }
