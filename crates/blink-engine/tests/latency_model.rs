@@ -363,6 +363,38 @@ fn an_uncalibrated_model_predicts_long_steps_until_it_has_data() {
     }
 }
 
+#[test]
+fn a_kind_that_the_linear_form_misses_is_taken_up_by_its_scale() {
+    // Decode steps run 25% slower than the shared linear form says (a decode row alone
+    // streams the weights); the other kinds are as it says.
+    let mut model = LatencyModel::new(calibrated(21));
+    let mut rng = Rng::new(22);
+    let mut decode_errors = Vec::new();
+    let mut prefill_errors = Vec::new();
+    for i in 0..1200 {
+        let kind = [StepKind::Decode, StepKind::Prefill, StepKind::Mixed][i % 3];
+        let cost = pass_of(&mut rng, kind);
+        let slow = if kind == StepKind::Decode { 1.25 } else { 1.0 };
+        let t = noisy(&mut rng, slow * pass_seconds(&PASS_TRUTH, &cost), 0.03);
+        let err = rel(t.as_secs_f64(), model.predict_pass(&cost).as_secs_f64());
+        if i >= 900 {
+            match kind {
+                StepKind::Decode => decode_errors.push(err),
+                StepKind::Prefill => prefill_errors.push(err),
+                _ => {}
+            }
+        }
+        model.observe_pass(&cost, t);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (d, p) = (median(&mut decode_errors), median(&mut prefill_errors));
+    eprintln!("decode 25% off the linear form: median error {d:.4}; prefill {p:.4}");
+    assert!(d < 0.04 && p < 0.04, "decode {d}, prefill {p}");
+}
+
 /// Relative change of the model's predictions over fixed steps of every kind.
 fn largest_change(before: &[f64], model: &LatencyModel, passes: &[StepCost], units: &[UnitCost]) -> f64 {
     let now = passes.iter().map(|c| model.predict_pass(c).as_secs_f64()).chain(units.iter().map(|u| model.predict_unit(u).as_secs_f64()));
@@ -386,7 +418,8 @@ fn an_outlier_does_not_wreck_the_fit() {
         model.observe_pass(&cost, Duration::from_secs_f64(10.0 * pass_seconds(&PASS_TRUTH, &cost)));
         let change = largest_change(&before, &model, &passes, &units);
         eprintln!("a 10× {kind:?} step moved predictions by at most {:.3}%", 100.0 * change);
-        assert!(change < 0.0015, "a 10× {kind:?} step moved a prediction by {:.2}%", 100.0 * change);
+        // At most 0.15% through the kind's scale, the rest through the shared fit.
+        assert!(change < 0.0025, "a 10× {kind:?} step moved a prediction by {:.2}%", 100.0 * change);
     }
     for kind in [UnitKind::Forward, UnitKind::Head, UnitKind::Backward, UnitKind::Optimizer] {
         let before = predictions(&model);
@@ -394,7 +427,7 @@ fn an_outlier_does_not_wreck_the_fit() {
         model.observe_unit(&cost, Duration::from_secs_f64(10.0 * unit_seconds(&UNIT_TRUTH, &cost)));
         let change = largest_change(&before, &model, &passes, &units);
         eprintln!("a 10× {kind:?} unit moved predictions by at most {:.3}%", 100.0 * change);
-        assert!(change < 0.0015, "a 10× {kind:?} unit moved a prediction by {:.2}%", 100.0 * change);
+        assert!(change < 0.0025, "a 10× {kind:?} unit moved a prediction by {:.2}%", 100.0 * change);
     }
     // A step timed at a tenth of its time (a clock glitch) weighs 100× more under 1/t²:
     // the clip is what holds it.

@@ -108,7 +108,8 @@ fn replay_reports_every_request_and_draws_it() {
     ok(&out);
     let s = summary(&out);
     assert_eq!((s["completed"].as_u64(), s["trace"]["seed"].as_u64()), (Some(10), None), "{s}");
-    assert!((num(&s, "trace.offered_rps") - 20.0).abs() < 1e-6 && s["slo"]["attainment_pct"].is_null(), "{s}");
+    // Without --slo-* flags, attainment is against the engine's default targets (1 s, 0.1 s).
+    assert!((num(&s, "trace.offered_rps") - 20.0).abs() < 1e-6 && num(&s, "slo.ttft_s") == 1.0 && num(&s, "slo.tpot_s") == 0.1, "{s}");
     assert!(s["utilization"]["capacity_rps"].is_null());
     let _ = std::fs::remove_dir_all(&dir);
 }

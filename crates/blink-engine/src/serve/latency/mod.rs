@@ -71,14 +71,29 @@ impl Default for LatencyConfig {
 /// `1 + margin` of its kind of step: the `margin_quantile` (0.95) of the positive parts of
 /// the last `window` (256) relative errors `(actual − predicted) / predicted` of that kind,
 /// or `default_margin` (0.5) while the kind has fewer than `min_margin_samples` (32).
+///
+/// Each kind of step also has a scale of its own on the shared fit, tracked as a moving
+/// average of its log ratio of measured to predicted time: a decode step, a prefill and a
+/// mix of both stress the machine differently (a decode row alone streams the weights,
+/// one in a batch shares them), more than one linear form captures, and a scale per kind
+/// absorbs that without splitting the fit's data (or letting one noisy kind widen every
+/// other kind's errors).
 pub struct LatencyModel {
     offline: Coefficients,
     offline_pass: [f64; PASS_FEATURES],
     offline_unit: [f64; UNIT_FEATURES],
     pass: Rls<PASS_FEATURES>,
     unit: Rls<UNIT_FEATURES>,
+    /// Per kind of step (in [`StepKind::ALL`]'s order), the factor on the shared fit.
+    scale: [f64; 7],
     errors: ErrorTracker,
 }
+
+/// How fast a kind's scale follows its log ratio (about the last 20 steps of the kind),
+/// and the largest log ratio one step may bring: 3%, so a step (an outlier too) moves
+/// the scale by at most 0.15%, and a steady bias of 10% is taken up in about 70 steps.
+const SCALE_RATE: f64 = 0.05;
+const SCALE_STEP: f64 = 0.03;
 
 impl LatencyModel {
     /// A model starting from `coefficients` with the default settings.
@@ -117,6 +132,7 @@ impl LatencyModel {
             offline_unit: unit,
             pass: Rls::new(pass, PASS_SCALE, pass_trust, forgetting, pass_residual),
             unit: Rls::new(unit, UNIT_SCALE, unit_trust, forgetting, unit_residual),
+            scale: [1.0; 7],
             errors: ErrorTracker::new(config.window, quantile, config.min_margin_samples, default_margin),
             offline,
         }
@@ -124,12 +140,21 @@ impl LatencyModel {
 
     /// The online model's time for an inference pass of this cost.
     pub fn predict_pass(&self, cost: &StepCost) -> Duration {
-        duration(self.pass.predict(&pass_features(cost)))
+        duration(self.pass_seconds(cost))
     }
 
     /// The online model's time for this training unit.
     pub fn predict_unit(&self, cost: &UnitCost) -> Duration {
-        duration(self.unit.predict(&unit_features(cost)))
+        duration(self.unit_seconds(cost))
+    }
+
+    fn pass_seconds(&self, cost: &StepCost) -> f64 {
+        let scale = StepKind::of_pass(cost).map_or(1.0, |k| self.scale[k.index()]);
+        self.pass.predict(&pass_features(cost)) * scale
+    }
+
+    fn unit_seconds(&self, cost: &UnitCost) -> f64 {
+        self.unit.predict(&unit_features(cost)) * self.scale[StepKind::of_unit(cost).index()]
     }
 
     /// [`predict_pass`](Self::predict_pass) × (1 + the margin of the pass's kind). A pass
@@ -139,12 +164,12 @@ impl LatencyModel {
             Some(kind) => self.margin(kind),
             None => [StepKind::Decode, StepKind::Prefill, StepKind::Mixed].map(|k| self.margin(k)).into_iter().fold(0.0, f64::max),
         };
-        duration(self.pass.predict(&pass_features(cost)) * (1.0 + margin))
+        duration(self.pass_seconds(cost) * (1.0 + margin))
     }
 
     /// [`predict_unit`](Self::predict_unit) × (1 + the margin of the unit's kind).
     pub fn predict_unit_with_margin(&self, cost: &UnitCost) -> Duration {
-        duration(self.unit.predict(&unit_features(cost)) * (1.0 + self.margin(StepKind::of_unit(cost))))
+        duration(self.unit_seconds(cost) * (1.0 + self.margin(StepKind::of_unit(cost))))
     }
 
     /// The margin predictions of `kind` get.
@@ -157,13 +182,14 @@ impl LatencyModel {
     /// ignored. Allocates nothing.
     pub fn observe_pass(&mut self, cost: &StepCost, actual: Duration) {
         if let Some(kind) = StepKind::of_pass(cost) {
-            observe(&mut self.pass, &self.offline_pass, &mut self.errors, kind, &pass_features(cost), actual);
+            observe(&mut self.pass, &mut self.scale[kind.index()], &self.offline_pass, &mut self.errors, kind, &pass_features(cost), actual);
         }
     }
 
     /// A training unit took `actual`; as [`observe_pass`](Self::observe_pass).
     pub fn observe_unit(&mut self, cost: &UnitCost, actual: Duration) {
-        observe(&mut self.unit, &self.offline_unit, &mut self.errors, StepKind::of_unit(cost), &unit_features(cost), actual);
+        let kind = StepKind::of_unit(cost);
+        observe(&mut self.unit, &mut self.scale[kind.index()], &self.offline_unit, &mut self.errors, kind, &unit_features(cost), actual);
     }
 
     /// Each kind of step's figures (in [`StepKind::ALL`]'s order): observations, median
@@ -194,15 +220,19 @@ impl LatencyModel {
     }
 }
 
-fn observe<const N: usize>(rls: &mut Rls<N>, offline: &[f64; N], errors: &mut ErrorTracker, kind: StepKind, x: &[f64; N], actual: Duration) {
+/// Record both models' errors on a step of `kind` that took `actual`, then refit the shared
+/// fit on the time as the kind's scale leaves it, and move the scale.
+#[allow(clippy::too_many_arguments)]
+fn observe<const N: usize>(rls: &mut Rls<N>, scale: &mut f64, offline: &[f64; N], errors: &mut ErrorTracker, kind: StepKind, x: &[f64; N], actual: Duration) {
     let t = actual.as_secs_f64();
     if t < MIN_SECONDS {
         return;
     }
-    let online = rls.predict(x).max(MIN_SECONDS);
+    let online = (rls.predict(x) * *scale).max(MIN_SECONDS);
     let frozen = (0..N).map(|i| offline[i] * x[i]).sum::<f64>().max(MIN_SECONDS);
     errors.record(kind, (t - online) / online, (t - frozen) / frozen);
-    rls.update(x, t);
+    rls.update(x, t / *scale);
+    *scale *= (SCALE_RATE * (t / online).ln().clamp(-SCALE_STEP, SCALE_STEP)).exp();
 }
 
 /// Coefficients fit to start from: negatives as 0, non-finite values as `fallback`'s.

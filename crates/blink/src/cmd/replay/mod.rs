@@ -11,6 +11,7 @@
 //! started in-process with the model and engine flags (`cmd::client::Target`), whose
 //! runtime is apart from the client's so the client's timers keep the normal priority.
 
+mod job;
 mod probe;
 mod prompts;
 mod run;
@@ -70,12 +71,6 @@ pub struct Args {
     /// Write the trace replayed (after any rate scaling) as CSV.
     #[arg(long = "save-trace", value_name = "FILE.csv")]
     save_trace: Option<PathBuf>,
-    /// Time-to-first-token target in seconds, for SLO attainment.
-    #[arg(long = "slo-ttft", value_name = "SECONDS", allow_negative_numbers = true)]
-    slo_ttft: Option<f64>,
-    /// Time-per-output-token target in seconds, for SLO attainment.
-    #[arg(long = "slo-tpot", value_name = "SECONDS", allow_negative_numbers = true)]
-    slo_tpot: Option<f64>,
     /// Write load, latency and fine-tuning rate over time as an SVG.
     #[arg(long, value_name = "FILE.svg")]
     svg: Option<PathBuf>,
@@ -100,6 +95,17 @@ pub struct Args {
     /// A name for this run in the report (a baseline, a configuration).
     #[arg(long)]
     label: Option<String>,
+    /// Train a fine-tuning job on this chat JSONL while the trace plays (uploaded and
+    /// created through the server's files and fine-tuning API before the first request,
+    /// cancelled after the last); the report gives the committed training tokens/s.
+    #[arg(long = "finetune", value_name = "FILE.jsonl")]
+    finetune: Option<PathBuf>,
+    /// Epochs of that job (enough that it outlasts the trace).
+    #[arg(long = "finetune-epochs", default_value_t = 50)]
+    finetune_epochs: u64,
+    /// Leave the job running after the trace.
+    #[arg(long = "keep-job")]
+    keep_job: bool,
     #[command(flatten)]
     target: Target,
 }
@@ -112,7 +118,10 @@ enum Source {
 
 pub fn main(args: Args) -> CliResult {
     let source = source(&args)?;
-    let slo = Slo { ttft: positive("slo-ttft", args.slo_ttft)?, tpot: positive("slo-tpot", args.slo_tpot)? };
+    // The targets attainment is measured against are the engine flags' (--slo-ttft,
+    // --slo-tpot), which an in-process server's co-serving also keeps.
+    let targets = &args.target.engine.coserve;
+    let slo = Slo { ttft: positive("slo-ttft", Some(targets.slo_ttft))?, tpot: positive("slo-tpot", Some(targets.slo_tpot))? };
     let rate = positive("rate", args.rate)?;
     if let Some(u) = args.utilization {
         if !(u > 0.0 && u <= 1.0) {
@@ -246,7 +255,22 @@ async fn drive(args: &Args, source: Source, slo: Slo, rate: Option<f64>, ids: (u
         mean_out,
         span
     );
+    let job = match &args.finetune {
+        Some(file) => {
+            let model = match &style.model {
+                Some(m) => m.clone(),
+                None => first_model(&client).await.ok_or("--finetune: the server lists no model to fine-tune")?,
+            };
+            let id = job::start(&client, file, &model, args.finetune_epochs, args.seed).await?;
+            eprintln!("blink replay: fine-tuning job {id} running");
+            Some(id)
+        }
+        None => None,
+    };
     let run = run::replay(&client, &arrivals, &style).await;
+    if let Some(id) = job.filter(|_| !args.keep_job) {
+        job::cancel(&client, &id).await?;
+    }
     let mut summary = Summary::new(&run, info, slo, args.utilization, capacity);
     summary.label = args.label.clone();
     if let Some((p99, max)) = summary.late() {

@@ -31,16 +31,20 @@ pub struct Capacity {
     pub busy: Option<f64>,
 }
 
-/// Prompts of the probe are numbered from here, apart from the trace's.
+/// Prompts of the probe are numbered from here (plus a nonce), apart from the trace's.
 const FIRST_INDEX: u64 = 1 << 40;
 
 pub async fn probe(client: &Client, style: &PromptStyle, concurrency: usize, rounds: usize, prompt_tokens: usize, max_tokens: usize) -> Result<Capacity, String> {
     let clock = Instant::now();
+    // Fresh prompts on every probe, even of the same seed against the same server: ones it
+    // has seen would come from its prefix cache and make it look faster than it is.
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64 % (1 << 30)) << 8;
+    let first = FIRST_INDEX + nonce;
     let before = Scrape::take(client, clock).await;
     let t0 = Instant::now();
     let mut clients = Vec::with_capacity(concurrency);
     for c in 0..concurrency {
-        let (client, bodies) = (client.clone(), (0..rounds).map(|r| style.body(FIRST_INDEX + (r * concurrency + c) as u64, prompt_tokens, max_tokens)).collect::<Vec<_>>());
+        let (client, bodies) = (client.clone(), (0..rounds).map(|r| style.body(first + (r * concurrency + c) as u64, prompt_tokens, max_tokens)).collect::<Vec<_>>());
         clients.push(tokio::spawn(async move {
             for body in bodies {
                 timed_stream(&client, "/v1/completions", &body).await?;
