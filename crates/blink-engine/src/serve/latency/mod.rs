@@ -194,8 +194,9 @@ impl LatencyModel {
 
     /// Each kind of step's figures (in [`StepKind::ALL`]'s order): observations, median
     /// |relative error| of the online and the offline model over the last window, and the
-    /// margin. Sorts into a scratch buffer kept for it; cheap enough for every second.
-    pub fn errors(&mut self) -> Vec<KindError> {
+    /// margin. Sorts into a scratch buffer kept for it and allocates nothing; cheap enough
+    /// for every second.
+    pub fn errors(&mut self) -> [KindError; 7] {
         self.errors.report()
     }
 

@@ -118,9 +118,8 @@ impl ErrorTracker {
     }
 
     /// Every kind's figures, in [`StepKind::ALL`]'s order.
-    pub fn report(&mut self) -> Vec<KindError> {
-        let mut out = Vec::with_capacity(StepKind::ALL.len());
-        for kind in StepKind::ALL {
+    pub fn report(&mut self) -> [KindError; 7] {
+        StepKind::ALL.map(|kind| {
             let k = &self.kinds[kind.index()];
             let mut abs_median = |ring: &Ring| {
                 (!ring.values().is_empty()).then(|| {
@@ -129,16 +128,15 @@ impl ErrorTracker {
                     median(&mut self.scratch)
                 })
             };
-            out.push(KindError {
+            KindError {
                 kind,
                 count: k.count,
                 median_online: abs_median(&k.online),
                 median_offline: abs_median(&k.offline),
                 margin: k.margin.unwrap_or(self.default_margin),
                 margin_from_data: k.margin.is_some(),
-            });
-        }
-        out
+            }
+        })
     }
 
     /// Capacity of the scratch space and of every ring, for tests that nothing grows.

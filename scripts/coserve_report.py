@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The co-serving report: scripts/coserve_eval.py's results.jsonl as markdown tables
+(attainment, latency, fine-tuning rate and the latency model's errors per mode, shape and
+load) with issue 22's acceptance checks.
+
+    scripts/coserve_report.py /tmp/coserve/results.jsonl > docs/COSERVING-results.md
+"""
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+
+def main(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    s_rate = next((r["standalone_tok_s"] for r in rows if "standalone_tok_s" in r), None)
+    runs = [r for r in rows if "mode" in r]
+    by = defaultdict(list)
+    for r in runs:
+        by[(r["shape"], r["load"], r["mode"])].append(r)
+    print(f"Standalone `blink finetune` rate S = {s_rate:.1f} trained tok/s.\n" if s_rate else "")
+    for shape in sorted({r["shape"] for r in runs}):
+        for load in sorted({r["load"] for r in runs if r["shape"] == shape}):
+            group = [r for r in runs if r["shape"] == shape and r["load"] == load]
+            slo = group[0]["slo"]
+            rate = group[0]["rate"]
+            print(f"### {shape}, inference-only utilisation {load:.0%} ({rate:.2f} req/s; targets TTFT {slo[0]} s, TPOT {slo[1]} s)\n")
+            print("| mode | seeds | requests | attainment % (min–max) | TTFT p99 s | TPOT p99 s | engine busy | fine-tuning tok/s | vs 0.7(1−u)S |")
+            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+            inf_att = None
+            for mode in ["inference", "coserve", "idle", "split", "beside", "always"]:
+                rs = by.get((shape, load, mode))
+                if not rs:
+                    continue
+                att = [r["summary"]["slo"]["attainment_pct"] for r in rs]
+                ttft = statistics.median(r["summary"]["ttft_s"]["p99"] for r in rs)
+                tpot = statistics.median(r["summary"]["tpot_s"]["p99"] for r in rs)
+                busy = statistics.median(r["summary"]["utilization"]["engine_busy"] or 0 for r in rs)
+                ft = statistics.median(r["summary"].get("finetune_tok_s") or 0 for r in rs)
+                floor = 0.7 * (1 - load) * s_rate if s_rate else None
+                vs = f"{ft / floor:.2f}×" if floor and mode != "inference" else ""
+                n = sum(r["summary"]["requests"] for r in rs)
+                mean = statistics.mean(att)
+                if mode == "inference":
+                    inf_att = mean
+                print(f"| {mode} | {len(rs)} | {n} | {mean:.2f} ({min(att):.2f}–{max(att):.2f}) | {ttft:.3f} | {tpot:.3f} | {busy:.2f} | {ft:.1f} | {vs} |")
+            print()
+            co = by.get((shape, load, "coserve"))
+            split = by.get((shape, load, "split"))
+            checks = []
+            if co and inf_att is not None:
+                co_att = statistics.mean(r["summary"]["slo"]["attainment_pct"] for r in co)
+                checks.append(f"co-serving attainment {co_att:.2f}% (≥ 99: {'yes' if co_att >= 99 else 'NO'}; within 0.5 of inference-only {inf_att:.2f}: {'yes' if inf_att - co_att <= 0.5 else 'NO'})")
+                ft = statistics.median(r["summary"].get("finetune_tok_s") or 0 for r in co)
+                if s_rate:
+                    checks.append(f"fine-tuning {ft:.1f} tok/s against 0.7(1−u)S = {0.7 * (1 - load) * s_rate:.1f} ({'yes' if ft >= 0.7 * (1 - load) * s_rate else 'NO'})")
+                if split:
+                    sft = statistics.median(r["summary"].get("finetune_tok_s") or 0 for r in split)
+                    satt = statistics.mean(r["summary"]["slo"]["attainment_pct"] for r in split)
+                    checks.append(f"static split {sft:.1f} tok/s at {satt:.2f}% attainment: co-serving {ft / max(sft, 1e-9):.2f}× ({'yes' if ft >= 2 * sft and co_att >= satt else 'NO'} for ≥ 2× at equal or better attainment)")
+                errs = defaultdict(list)
+                for r in co:
+                    for k, v in (r["summary"].get("latency_model_error") or {}).items():
+                        errs[k].append(v)
+                if errs:
+                    checks.append("latency model median |error| after the online refit: " + ", ".join(f"{k} {100 * statistics.median(v):.1f}%" for k, v in errs.items()))
+            for c in checks:
+                print(f"- {c}")
+            print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
