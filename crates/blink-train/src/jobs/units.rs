@@ -12,6 +12,7 @@ use blink_model::Model;
 use blink_runtime::numa::NodePool;
 
 use super::worker::{Control, Msg, Report};
+use crate::checkpoint::TrainState;
 use crate::run::{Finetune, Outcome, Unit};
 
 /// A job's run in the executor's hands.
@@ -42,6 +43,9 @@ pub struct Accepted {
 pub struct Executor {
     incoming: Receiver<Active>,
     reports: Sender<Msg>,
+    /// Snapshots the worker has written and handed back, to be filled again: a commit
+    /// then copies into buffers that exist instead of allocating tens of megabytes.
+    spares: Receiver<Box<TrainState>>,
     active: Option<Active>,
     accepted: Option<Accepted>,
     /// Whether the worker is gone (the service stopped): nothing more will come.
@@ -49,8 +53,8 @@ pub struct Executor {
 }
 
 impl Executor {
-    pub(crate) fn new(incoming: Receiver<Active>, reports: Sender<Msg>) -> Executor {
-        Executor { incoming, reports, active: None, accepted: None, closed: false }
+    pub(crate) fn new(incoming: Receiver<Active>, reports: Sender<Msg>, spares: Receiver<Box<TrainState>>) -> Executor {
+        Executor { incoming, reports, spares, active: None, accepted: None, closed: false }
     }
 
     /// Take the run the worker handed over, if one came.
@@ -166,12 +170,18 @@ impl Executor {
         if !(a.run.at_commit_point() && (a.run.checkpoint_due() || epochs > a.committed_epochs)) {
             return;
         }
-        let state = a.run.checkpoint_state();
+        let state = match self.spares.try_recv() {
+            Ok(mut spare) => {
+                a.run.checkpoint_state_into(&mut spare);
+                spare
+            }
+            Err(_) => Box::new(a.run.checkpoint_state()),
+        };
         a.run.mark_saved(state.step);
         let epoch_ended = (epochs > a.committed_epochs).then(|| epochs - 1);
         a.committed_epochs = epochs;
         let id = a.id.clone();
-        self.report(Report::Commit { id, state: Box::new(state), epoch_ended });
+        self.report(Report::Commit { id, state, epoch_ended });
     }
 
     fn finish(&mut self) {

@@ -113,8 +113,9 @@ pub(crate) enum Report {
 pub(crate) fn spawn(shared: Arc<Shared>) -> Result<(Sender<Msg>, Executor), StoreError> {
     let (tx, rx) = mpsc::channel();
     let (runs_tx, runs_rx) = mpsc::channel();
-    let executor = Executor::new(runs_rx, tx.clone());
-    let worker = Worker { shared, runs: runs_tx, held: None, logged: HashMap::new() };
+    let (spares_tx, spares_rx) = mpsc::channel();
+    let executor = Executor::new(runs_rx, tx.clone(), spares_rx);
+    let worker = Worker { shared, runs: runs_tx, spares: spares_tx, held: None, logged: HashMap::new() };
     std::thread::Builder::new()
         .name("blink-jobs".into())
         .spawn(move || worker.run(rx))
@@ -125,6 +126,8 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> Result<(Sender<Msg>, Executor), Stor
 struct Worker {
     shared: Arc<Shared>,
     runs: Sender<Active>,
+    /// Written snapshots go back to the executor, to be filled again.
+    spares: Sender<Box<TrainState>>,
     /// The job handed to the executor and not yet let go.
     held: Option<String>,
     /// Per job, the last step whose metrics event is in its log.
@@ -241,6 +244,7 @@ impl Worker {
                     self.shared.control(&id).cancel();
                     let _ = self.fail(&id, "checkpoint", &e);
                 }
+                let _ = self.spares.send(state);
             }
             Report::Finished { id, params, trained_tokens } => {
                 self.held = None;

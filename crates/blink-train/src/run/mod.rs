@@ -300,10 +300,30 @@ impl<H: Deref<Target = Model>> Finetune<H> {
     /// The run's state to checkpoint now (the optimizer's moments included): call at a
     /// commit point, then [`Finetune::mark_saved`] once it is durably written.
     pub fn checkpoint_state(&self) -> TrainState {
-        let mut state = self.state.clone();
-        state.adam_steps = self.adam.steps();
-        (state.adam_m, state.adam_v) = (0..self.adam.n_tensors()).map(|i| self.adam.moments(i).map(|(m, v)| (m.to_vec(), v.to_vec())).expect("a moment per tensor")).unzip();
+        let mut state = TrainState { params: self.state.params.clone(), adam_m: Vec::new(), adam_v: Vec::new(), curve: Vec::new(), fingerprint: String::new(), ..self.state };
+        self.checkpoint_state_into(&mut state);
         state
+    }
+
+    /// As [`Finetune::checkpoint_state`], into `dst`, reusing its buffers (a co-served
+    /// job's commit then allocates nothing once its two snapshots exist).
+    pub fn checkpoint_state_into(&self, dst: &mut TrainState) {
+        let s = &self.state;
+        copy_tensors(&mut dst.params, &s.params);
+        (dst.step, dst.epoch, dst.batch, dst.trained_tokens) = (s.step, s.epoch, s.batch, s.trained_tokens);
+        dst.curve.clone_from(&s.curve);
+        dst.fingerprint.clone_from(&s.fingerprint);
+        dst.adam_steps = self.adam.steps();
+        let n = self.adam.n_tensors();
+        dst.adam_m.resize_with(n, Vec::new);
+        dst.adam_v.resize_with(n, Vec::new);
+        for i in 0..n {
+            let (m, v) = self.adam.moments(i).expect("a moment per tensor");
+            dst.adam_m[i].clear();
+            dst.adam_m[i].extend_from_slice(m);
+            dst.adam_v[i].clear();
+            dst.adam_v[i].extend_from_slice(v);
+        }
     }
 
     /// A checkpoint of step `step` has been written.
@@ -350,6 +370,28 @@ pub fn fingerprint(model: &Path, train: &[Example], eval: &[Example], params: &L
     let settings = FinetuneConfig { checkpoint_every: None, ..cfg.clone() };
     eat(format!("{settings:?}|{extra}|{}", params.alpha).as_bytes());
     format!("{h:016x}")
+}
+
+/// `dst` becomes a copy of `src`, in `dst`'s buffers when the pairs' shapes agree.
+fn copy_tensors(dst: &mut LoraTensors, src: &LoraTensors) {
+    let same = dst.layers.len() == src.layers.len()
+        && dst.layers.iter().zip(&src.layers).all(|(a, b)| a.iter().zip(b).all(|(p, q)| match (p, q) {
+            (Some(p), Some(q)) => p.a.len() == q.a.len() && p.b.len() == q.b.len(),
+            (None, None) => true,
+            _ => false,
+        }));
+    if !same {
+        *dst = src.clone();
+        return;
+    }
+    (dst.format, dst.alpha, dst.rslora) = (src.format, src.alpha, src.rslora);
+    for (a, b) in dst.layers.iter_mut().flatten().zip(src.layers.iter().flatten()) {
+        if let (Some(p), Some(q)) = (a, b) {
+            (p.rank, p.rows, p.cols) = (q.rank, q.rows, q.cols);
+            p.a.copy_from_slice(&q.a);
+            p.b.copy_from_slice(&q.b);
+        }
+    }
 }
 
 fn examples_of<'e>(batch: &Batch, set: &'e [Example]) -> Vec<train::Example<'e>> {
