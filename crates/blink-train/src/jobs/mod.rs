@@ -224,12 +224,7 @@ impl JobService {
         self.store().get(id)?;
         let mut all = worker::read_checkpoints(&self.store().job_dir(id));
         all.reverse();
-        let start = match after {
-            Some(c) => all.iter().position(|x| x.id == c).map_or(all.len(), |p| p + 1),
-            None => 0,
-        };
-        let rest = &all[start..];
-        Ok((rest.iter().take(limit).cloned().collect(), rest.len() > limit))
+        Ok(crate::store::page(&all, |c| &c.id, after, limit))
     }
 
     /// Stop the job for good; a run under way stops at once (steps not yet committed

@@ -280,12 +280,7 @@ impl JobStore {
         let bytes = fs::read(&path).map_err(|e| StoreError::io(&path, "cannot read", e))?;
         let mut all: Vec<JobEvent> = bytes.split(|&b| b == b'\n').filter_map(|l| serde_json::from_slice::<Value>(l).ok()).filter_map(|v| JobEvent::from_json(&v)).collect();
         all.reverse();
-        let start = match after {
-            Some(e) => all.iter().position(|x| x.id == e).map_or(all.len(), |p| p + 1),
-            None => 0,
-        };
-        let rest = &all[start..];
-        Ok((rest.iter().take(limit).cloned().collect(), rest.len() > limit))
+        Ok(super::page(&all, |e| &e.id, after, limit))
     }
 
     /// The job's own directory (its checkpoints and adapter go there).

@@ -46,6 +46,15 @@ impl StoreError {
     }
 }
 
+/// One page of `all` (newest first) in OpenAI's cursor paging: up to `limit` items after
+/// the one whose id is `after` (from the start when `after` is unknown), and whether more
+/// follow.
+pub(crate) fn page<T: Clone>(all: &[T], id: impl Fn(&T) -> &str, after: Option<&str>, limit: usize) -> (Vec<T>, bool) {
+    let start = after.map_or(0, |a| all.iter().position(|x| id(x) == a).map_or(all.len(), |p| p + 1));
+    let rest = &all[start..];
+    (rest.iter().take(limit).cloned().collect(), rest.len() > limit)
+}
+
 /// Seconds since the Unix epoch, as OpenAI's `created_at`.
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
