@@ -43,6 +43,14 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def mode_flags(mode):
+    """A mode's serve flags and whether it trains; `beside-F` is `beside` held to a share F
+    of the time (a static slice of the machine)."""
+    if mode.startswith("beside-"):
+        return ["--finetune-mode", "split", "--finetune-threads", "1", "--finetune-share", mode.split("-", 1)[1]], True
+    return MODES[mode]
+
+
 class Server:
     """`blink serve` on a fresh state directory, stopped on exit."""
 
@@ -50,7 +58,7 @@ class Server:
         self.dir = os.path.join(args.out, "state", tag)
         subprocess.run(["rm", "-rf", self.dir], check=True)
         os.makedirs(self.dir)
-        flags, _ = MODES[mode]
+        flags, _ = mode_flags(mode)
         threads = ["-t", "1"] if mode == "split" else ["-t", str(args.threads)]
         cmd = [args.blink, "serve", "--port", "0", "--state-dir", self.dir, *threads,
                "--slo-ttft", str(slo[0]), "--slo-tpot", str(slo[1]), *flags]
@@ -91,7 +99,7 @@ def replay(args, url, shape, rate, seed, n, slo, finetune, tag):
 def run(args, mode, shape, rate, seed, n, slo, tag):
     server = Server(args, mode, slo, tag)
     try:
-        return replay(args, server.url, shape, rate, seed, n, slo, MODES[mode][1], tag)
+        return replay(args, server.url, shape, rate, seed, n, slo, mode_flags(mode)[1], tag)
     finally:
         server.stop()
 
@@ -136,7 +144,7 @@ def main():
     p.add_argument("--shapes", default="burst-light,burst-dense")
     p.add_argument("--loads", default="0.2,0.5,0.8")
     p.add_argument("--modes", default="inference,coserve")
-    p.add_argument("--baseline-modes", default="idle,split,beside,always", help="run for the first seed only")
+    p.add_argument("--baseline-modes", default="idle,split,beside,beside-0.5,beside-0.25,beside-0.1,always", help="run for the first seed only")
     p.add_argument("--slo", default="2,0.2", help="TTFT,TPOT targets in seconds (per load: 0.2=2,0.2;0.5=...)")
     p.add_argument("--prompt-tokens", default="32:256")
     p.add_argument("--output-tokens", default="16:64")

@@ -54,13 +54,15 @@ pub struct FinetuneOptions {
     pub mode: FinetuneMode,
     /// Threads of the split trainer's pool (`--finetune-threads`).
     pub threads: usize,
+    /// The share of the time the split trainer trains (`--finetune-share`; 1: always).
+    pub share: f64,
     /// The adapter and the settings OpenAI's API leaves out.
     pub settings: JobSettings,
 }
 
 impl Default for FinetuneOptions {
     fn default() -> Self {
-        FinetuneOptions { mode: FinetuneMode::CoServe, threads: 1, settings: JobSettings::default() }
+        FinetuneOptions { mode: FinetuneMode::CoServe, threads: 1, share: 1.0, settings: JobSettings::default() }
     }
 }
 
@@ -115,7 +117,7 @@ pub fn start(setup: &JobsSetup, served: ServedModel<'_>) -> Result<(FineTuning, 
             eprintln!("blink: warning: the fine-tuned model {name} is not served: {e}");
         }
     }
-    let (trainer, hook) = start_trainer(opts.mode, executor, served.model, opts.threads)?;
+    let (trainer, hook) = start_trainer(opts, executor, served.model)?;
     Ok((FineTuning { service, _trainer: trainer }, hook))
 }
 
@@ -123,14 +125,15 @@ pub fn start(setup: &JobsSetup, served: ServedModel<'_>) -> Result<(FineTuning, 
 /// the engine is to start with (`Engine::start_with`). The split trainer runs them back
 /// to back on `threads` threads of its own, kept off the engine's CPUs where the machine
 /// has room.
-fn start_trainer(mode: FinetuneMode, executor: Executor, model: &Arc<Model>, threads: usize) -> Result<(Trainer, Option<Box<dyn CoServe>>), String> {
-    match mode {
+fn start_trainer(opts: &FinetuneOptions, executor: Executor, model: &Arc<Model>) -> Result<(Trainer, Option<Box<dyn CoServe>>), String> {
+    let threads = opts.threads;
+    match opts.mode {
         FinetuneMode::CoServe => Ok((Trainer::Engine, Some(Box::new(CoServedJobs::new(executor))))),
         FinetuneMode::Split => {
             let threads = threads.max(1);
             let cpus = trainer_cpus(model, threads);
             let pool = NodePool::new(&Topology::fallback(&cpus), &[threads]).map_err(|e| format!("cannot start the fine-tuning threads: {e}"))?;
-            let trainer = SplitTrainer::start(executor, model.clone(), pool).map_err(|e| format!("cannot start the fine-tuning thread: {e}"))?;
+            let trainer = SplitTrainer::start(executor, model.clone(), pool, opts.share).map_err(|e| format!("cannot start the fine-tuning thread: {e}"))?;
             Ok((Trainer::Split(trainer), None))
         }
     }

@@ -164,7 +164,8 @@ impl Metrics {
 /// The latency model's record per kind of step (the kinds it has seen).
 fn render_latency(out: &mut String, s: &EngineStats) {
     let seen: Vec<_> = StepKind::ALL.iter().zip(&s.latency).filter(|(_, k)| k.count > 0).collect();
-    let series: [(&str, &str, fn(&LatencyKindStats) -> f64); 4] = [
+    type Series = (&'static str, &'static str, fn(&LatencyKindStats) -> f64);
+    let series: [Series; 4] = [
         ("blink_latency_model_relative_error", "Median |relative error| of the step-time predictor (refitted online) over recent steps of a kind.", |k| k.median_online),
         ("blink_latency_model_offline_relative_error", "Median |relative error| the offline coefficients alone would have had on the same steps.", |k| k.median_offline),
         ("blink_latency_model_margin", "The margin a kind's predictions get (a quantile of its recent under-predictions).", |k| k.margin),

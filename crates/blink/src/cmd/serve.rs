@@ -62,6 +62,10 @@ pub struct FinetuneArgs {
     /// Threads of the fine-tuning pool.
     #[arg(long = "finetune-threads", default_value_t = 1)]
     finetune_threads: usize,
+    /// The share of the time the split trainer trains (0 to 1; 1: back to back), pausing
+    /// after each unit to keep to it: a trainer held to a fixed slice of the machine.
+    #[arg(long = "finetune-share", default_value_t = 1.0)]
+    finetune_share: f64,
     /// The learning rate a job's learning_rate_multiplier of 1 gives (default 1e-3).
     #[arg(long = "finetune-lr", hide = true)]
     finetune_lr: Option<f64>,
@@ -101,7 +105,10 @@ impl FinetuneArgs {
             }
             (settings.rank, settings.alpha) = (rank, 2.0 * rank as f32);
         }
-        Ok(FinetuneOptions { mode: self.finetune_mode, threads: self.finetune_threads, settings })
+        if !(self.finetune_share > 0.0 && self.finetune_share <= 1.0) {
+            return Err(format!("--finetune-share must be in (0, 1], not {}", self.finetune_share).into());
+        }
+        Ok(FinetuneOptions { mode: self.finetune_mode, threads: self.finetune_threads, share: self.finetune_share, settings })
     }
 }
 

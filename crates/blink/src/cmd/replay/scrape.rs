@@ -15,6 +15,8 @@ use blink_server::metrics::sample;
 pub const COMPUTE: &str = "blink_engine_compute_seconds_total";
 pub const TRAINED: &str = "blink_finetune_trained_tokens_total";
 pub const PREDICTOR: &str = "blink_latency_model_relative_error";
+/// The same error for the offline (calibrated) coefficients alone.
+pub const PREDICTOR_OFFLINE: &str = "blink_latency_model_offline_relative_error";
 
 /// One reading of `/metrics`.
 #[derive(Clone, Debug, Default)]
@@ -25,6 +27,7 @@ pub struct Scrape {
     pub trained_tokens: Option<f64>,
     /// `(kind, error)` per kind of step.
     pub predictor_error: Vec<(String, f64)>,
+    pub predictor_offline_error: Vec<(String, f64)>,
 }
 
 impl Scrape {
@@ -39,7 +42,7 @@ impl Scrape {
     }
 
     pub fn parse(text: &str) -> Scrape {
-        Scrape { at: 0.0, compute_seconds: sample(text, COMPUTE), trained_tokens: sample(text, TRAINED), predictor_error: by_label(text, PREDICTOR, "kind") }
+        Scrape { at: 0.0, compute_seconds: sample(text, COMPUTE), trained_tokens: sample(text, TRAINED), predictor_error: by_label(text, PREDICTOR, "kind"), predictor_offline_error: by_label(text, PREDICTOR_OFFLINE, "kind") }
     }
 }
 

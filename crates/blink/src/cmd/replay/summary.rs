@@ -81,6 +81,7 @@ pub struct Summary {
     busy: Option<f64>,
     finetune_tok_s: Option<f64>,
     predictor: Vec<(String, f64)>,
+    predictor_offline: Vec<(String, f64)>,
 }
 
 /// Sends later than this (p99) mean the client fell behind its schedule.
@@ -117,6 +118,7 @@ impl Summary {
             busy: rate(|s| s.compute_seconds),
             finetune_tok_s: rate(|s| s.trained_tokens),
             predictor: run.scrapes.iter().rev().map(|s| &s.predictor_error).find(|p| !p.is_empty()).cloned().unwrap_or_default(),
+            predictor_offline: run.scrapes.iter().rev().map(|s| &s.predictor_offline_error).find(|p| !p.is_empty()).cloned().unwrap_or_default(),
             trace,
         }
     }
@@ -169,6 +171,7 @@ impl Summary {
             },
             "finetune_tok_s": self.finetune_tok_s,
             "latency_model_error": (!self.predictor.is_empty()).then(|| self.predictor.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
+            "latency_model_offline_error": (!self.predictor_offline.is_empty()).then(|| self.predictor_offline.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
             "send_lateness_s": {"p50": self.lateness.p50, "p99": self.lateness.p99, "max": self.lateness.max},
         })
     }
