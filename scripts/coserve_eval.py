@@ -105,7 +105,8 @@ def run(args, mode, shape, rate, seed, n, slo, tag):
 
 
 def find_rate(args, shape, target, slo):
-    """The rate at which inference alone keeps the engine busy `target` of the time."""
+    """The rate at which inference alone keeps the engine busy `target` of the time, and
+    the last search run's summary."""
     rate = args.first_rate * target / 0.5
     for attempt in range(args.search_steps):
         s = run(args, "inference", shape, rate, 1000 + attempt, args.search_requests, slo, f"search-{shape}-{target}-{attempt}")
@@ -114,7 +115,19 @@ def find_rate(args, shape, target, slo):
         if abs(busy - target) <= 0.03:
             break
         rate *= target / max(busy, 1e-3)
-    return rate
+    return rate, s
+
+
+def round_up(x, step):
+    return step * -(-x // step)
+
+
+def targets_from(search, floor):
+    """Targets inference alone meets with room: twice its TTFT p99 and 1.5 times its TPOT
+    p99 in the search run (other seeds differ), rounded up, and no tighter than `floor`."""
+    ttft = max(floor[0], round_up(2.0 * search["ttft_s"]["p99"], 0.5))
+    tpot = max(floor[1], round_up(1.5 * search["tpot_s"]["p99"], 0.05))
+    return (round(ttft, 2), round(tpot, 3))
 
 
 def standalone_rate(args):
@@ -145,7 +158,8 @@ def main():
     p.add_argument("--loads", default="0.2,0.5,0.8")
     p.add_argument("--modes", default="inference,coserve")
     p.add_argument("--baseline-modes", default="idle,split,beside,beside-0.5,beside-0.25,beside-0.1,always", help="run for the first seed only")
-    p.add_argument("--slo", default="2,0.2", help="TTFT,TPOT targets in seconds (per load: 0.2=2,0.2;0.5=...)")
+    p.add_argument("--slo", default="1,0.1", help="TTFT,TPOT targets in seconds (per load: 0.2=2,0.2;0.5=...); with --adapt-slo, the tightest allowed")
+    p.add_argument("--adapt-slo", action="store_true", help="targets from the inference-only search run (see targets_from)")
     p.add_argument("--prompt-tokens", default="32:256")
     p.add_argument("--output-tokens", default="16:64")
     p.add_argument("--data", default=None, help="fine-tuning data (default: Zorbania ×10)")
@@ -181,8 +195,10 @@ def main():
     seeds = [int(x) for x in args.seeds.split(",")]
     for shape in args.shapes.split(","):
         for load in [float(x) for x in args.loads.split(",")]:
-            slo = slos.get(load, slos.get(None))
-            rate = find_rate(args, shape, load, slo)
+            floor = slos.get(load, slos.get(None))
+            rate, search = find_rate(args, shape, load, floor)
+            slo = targets_from(search, floor) if args.adapt_slo else floor
+            log(f"  {shape} load {load}: {rate:.3f} req/s, targets TTFT {slo[0]} s, TPOT {slo[1]} s")
             for seed in seeds:
                 modes = args.modes.split(",") + (args.baseline_modes.split(",") if seed == seeds[0] and args.baseline_modes else [])
                 for mode in modes:
