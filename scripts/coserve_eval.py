@@ -157,6 +157,7 @@ def main():
     p.add_argument("--shapes", default="burst-light,burst-dense")
     p.add_argument("--loads", default="0.2,0.5,0.8")
     p.add_argument("--modes", default="inference,coserve")
+    p.add_argument("--baseline-requests", type=int, default=300, help="requests of a baseline's run")
     p.add_argument("--baseline-modes", default="idle,split,beside,beside-0.5,beside-0.25,beside-0.1,always", help="run for the first seed only")
     p.add_argument("--slo", default="1,0.1", help="TTFT,TPOT targets in seconds (per load: 0.2=2,0.2;0.5=...); with --adapt-slo, the tightest allowed")
     p.add_argument("--adapt-slo", action="store_true", help="targets from the inference-only search run (see targets_from)")
@@ -200,11 +201,13 @@ def main():
             slo = targets_from(search, floor) if args.adapt_slo else floor
             log(f"  {shape} load {load}: {rate:.3f} req/s, targets TTFT {slo[0]} s, TPOT {slo[1]} s")
             for seed in seeds:
-                modes = args.modes.split(",") + (args.baseline_modes.split(",") if seed == seeds[0] and args.baseline_modes else [])
+                main_modes = args.modes.split(",")
+                modes = main_modes + (args.baseline_modes.split(",") if seed == seeds[0] and args.baseline_modes else [])
                 for mode in modes:
                     tag = f"{shape}-{load}-{seed}-{mode}"
                     t0 = time.time()
-                    s = run(args, mode, shape, rate, seed, args.requests, slo, tag)
+                    n = args.requests if mode in main_modes else args.baseline_requests
+                    s = run(args, mode, shape, rate, seed, n, slo, tag)
                     row = {"shape": shape, "load": load, "seed": seed, "mode": mode, "rate": rate, "slo": slo, "summary": s}
                     with open(results, "a") as f:
                         f.write(json.dumps(row) + "\n")
