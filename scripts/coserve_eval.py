@@ -188,22 +188,33 @@ def main():
         else:
             slos[None] = tuple(float(x) for x in part.split(","))
     results = os.path.join(args.out, "results.jsonl")
-    log("standalone fine-tuning rate")
-    s_rate = standalone_rate(args)
+    # A run interrupted and started again on the same --out goes on where it stopped: the
+    # rows already written are kept, with their rates and targets.
+    done = [json.loads(l) for l in open(results)] if os.path.exists(results) else []
+    s_rate = next((r["standalone_tok_s"] for r in done if "standalone_tok_s" in r), None)
+    if s_rate is None:
+        log("standalone fine-tuning rate")
+        s_rate = standalone_rate(args)
+        with open(results, "a") as f:
+            f.write(json.dumps({"standalone_tok_s": s_rate}) + "\n")
     log(f"  S = {s_rate:.1f} tok/s")
-    with open(results, "a") as f:
-        f.write(json.dumps({"standalone_tok_s": s_rate}) + "\n")
     seeds = [int(x) for x in args.seeds.split(",")]
     for shape in args.shapes.split(","):
         for load in [float(x) for x in args.loads.split(",")]:
             floor = slos.get(load, slos.get(None))
-            rate, search = find_rate(args, shape, load, floor)
-            slo = targets_from(search, floor) if args.adapt_slo else floor
+            earlier = [r for r in done if r.get("shape") == shape and r.get("load") == load]
+            if earlier:
+                rate, slo = earlier[0]["rate"], tuple(earlier[0]["slo"])
+            else:
+                rate, search = find_rate(args, shape, load, floor)
+                slo = targets_from(search, floor) if args.adapt_slo else floor
             log(f"  {shape} load {load}: {rate:.3f} req/s, targets TTFT {slo[0]} s, TPOT {slo[1]} s")
             for seed in seeds:
                 main_modes = args.modes.split(",")
                 modes = main_modes + (args.baseline_modes.split(",") if seed == seeds[0] and args.baseline_modes else [])
                 for mode in modes:
+                    if any(r.get("shape") == shape and r.get("load") == load and r.get("seed") == seed and r.get("mode") == mode for r in done):
+                        continue
                     tag = f"{shape}-{load}-{seed}-{mode}"
                     t0 = time.time()
                     n = args.requests if mode in main_modes else args.baseline_requests
