@@ -71,6 +71,7 @@ const UNIT_TRUTH: UnitCoefficients = UnitCoefficients {
     backward_attn_layer: 5e-9,
     head_row: 50e-6,
     optimizer_param: 3e-9,
+    norm_param: 0.5e-9,
 };
 
 fn below(rng: &mut Rng, n: usize) -> usize {
@@ -125,12 +126,12 @@ fn unit_of(rng: &mut Rng, kind: UnitKind) -> UnitCost {
         _ => 0,
     };
     let head_rows = if kind == UnitKind::Head { 1 + below(rng, rows) } else { 0 };
-    let params = if kind == UnitKind::Optimizer { 100_000 + below(rng, 2_000_000) } else { 0 };
+    let params = if matches!(kind, UnitKind::Optimizer | UnitKind::GradNorm) { 100_000 + below(rng, 2_000_000) } else { 0 };
     UnitCost { kind, rows, attn, layers, head_rows, params }
 }
 
 fn random_unit(rng: &mut Rng) -> UnitCost {
-    let kind = [UnitKind::Forward, UnitKind::Head, UnitKind::Backward, UnitKind::Optimizer][below(rng, 4)];
+    let kind = [UnitKind::Forward, UnitKind::Head, UnitKind::Backward, UnitKind::GradNorm, UnitKind::Optimizer][below(rng, 5)];
     unit_of(rng, kind)
 }
 
@@ -151,6 +152,7 @@ fn unit_seconds(k: &UnitCoefficients, u: &UnitCost) -> f64 {
             UnitKind::Backward => (k.backward_row_layer * u.rows as f64 + k.backward_attn_layer * u.attn as f64) * l,
             UnitKind::Head => k.head_row * u.head_rows as f64,
             UnitKind::Optimizer => k.optimizer_param * u.params as f64,
+            UnitKind::GradNorm => k.norm_param * u.params as f64,
         }
 }
 
@@ -280,6 +282,7 @@ fn online_refit_tracks_a_drift_the_offline_model_misses() {
         backward_attn_layer: UNIT_TRUTH.backward_attn_layer * 1.3,
         head_row: UNIT_TRUTH.head_row * 1.3,
         optimizer_param: UNIT_TRUTH.optimizer_param * 0.7,
+        norm_param: UNIT_TRUTH.norm_param * 0.7,
     };
     // Each part's relative errors on every step after the drift, online and offline (as
     // the model takes them: before it sees the step).
@@ -421,7 +424,7 @@ fn an_outlier_does_not_wreck_the_fit() {
         // At most 0.15% through the kind's scale, the rest through the shared fit.
         assert!(change < 0.0025, "a 10× {kind:?} step moved a prediction by {:.2}%", 100.0 * change);
     }
-    for kind in [UnitKind::Forward, UnitKind::Head, UnitKind::Backward, UnitKind::Optimizer] {
+    for kind in [UnitKind::Forward, UnitKind::Head, UnitKind::Backward, UnitKind::GradNorm, UnitKind::Optimizer] {
         let before = predictions(&model);
         let cost = unit_of(&mut rng, kind);
         model.observe_unit(&cost, Duration::from_secs_f64(10.0 * unit_seconds(&UNIT_TRUTH, &cost)));
@@ -614,8 +617,8 @@ fn every_kind_of_bad_file_is_an_error() {
     }
     let m = malformed(load_text(&dir.0, "other.json", &edited(&|v| v["format"] = "llama-bench".into())), "wrong format");
     assert!(m.contains("llama-bench"), "{m}");
-    match load_text(&dir.0, "v2.json", &edited(&|v| v["version"] = 2.into())) {
-        LatencyFileError::Version { found: 2, .. } => {}
+    match load_text(&dir.0, "v3.json", &edited(&|v| v["version"] = 3.into())) {
+        LatencyFileError::Version { found: 3, .. } => {}
         e => panic!("wrong version: {e}"),
     }
     let m = malformed(load_text(&dir.0, "nofield.json", &edited(&|v| drop(v["pass"].as_object_mut().unwrap().remove("decode_row")))), "missing");

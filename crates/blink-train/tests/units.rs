@@ -91,9 +91,13 @@ fn units_of_any_size_end_where_the_whole_run_ends() {
         loop {
             match run.next_unit().unwrap() {
                 None => break,
-                Some(Unit::Optimizer { params }) => {
+                Some(Unit::GradNorm { layers: left, params } | Unit::Optimizer { layers: left, params }) => {
+                    // The layers and parameters left: all of them at each part's start.
+                    let n_layers = run.params().layers.len();
+                    let per_layer = init::tensors(run.params()).iter().map(|t| t.len()).sum::<usize>() / n_layers;
+                    assert!(left >= 1 && left <= n_layers);
+                    assert_eq!(params, per_layer * left);
                     saw_optimizer = true;
-                    assert_eq!(params, init::tensors(run.params()).iter().map(|t| t.len()).sum::<usize>());
                 }
                 Some(Unit::Batch(shape)) => assert!(shape.rows > 0 && shape.rows <= 160),
             }

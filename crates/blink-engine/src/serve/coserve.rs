@@ -5,7 +5,8 @@
 //! out the time the step may still take (`free`: see [`TrainingPolicy`]) and offers it to
 //! the trainer with the latency model's price of a unit ([`CoServe::offer`]). The trainer
 //! answers with the unit of training it will run (a few layers of a batch's forward or
-//! backward, its loss head, or the optimizer's update), sized to fit, or nothing. The
+//! backward, its loss head, or a few layers of the optimizer's norm or update), sized to
+//! fit, or nothing. The
 //! engine runs the step's pass, folds its output back and sends its tokens, then runs the
 //! unit on the same threads ([`CoServe::run`]) and times both parts for the latency model.
 //! When no request runs, steps are the trainer's alone. The scheduler knows nothing else
@@ -27,8 +28,11 @@ pub trait CoServe: Send {
     /// The time the coming step may still take, and the price of a unit: the unit the
     /// trainer will run in this step, sized so its price fits `free`, or `None`.
     fn offer(&mut self, free: Duration, price: &dyn Fn(&UnitCost) -> Duration) -> Option<UnitCost>;
-    /// Run the unit just accepted on the engine's threads.
-    fn run(&mut self, pool: &NodePool);
+    /// Run the unit just accepted on the engine's threads. Returns the part of its time
+    /// that was bookkeeping after the unit proper (a checkpoint's snapshot of the state),
+    /// which the latency model leaves out of its fit: the trainer accounts for it itself
+    /// when it sizes the units that come before it.
+    fn run(&mut self, pool: &NodePool) -> Duration;
 }
 
 /// The requests' latency targets.

@@ -92,9 +92,9 @@ impl CoTraining {
     pub fn run(&mut self, pool: &NodePool, beside_requests: bool, stats: &mut EngineStats) -> Duration {
         let (Some(cost), Some(hook)) = (self.taken.take(), self.hook.as_mut()) else { return Duration::ZERO };
         let t = Instant::now();
-        hook.run(pool);
+        let bookkeeping = hook.run(pool);
         let time = t.elapsed();
-        self.latency.observe_unit(&cost, time);
+        self.latency.observe_unit(&cost, time.saturating_sub(bookkeeping));
         stats.train_units_total += 1;
         stats.train_seconds_total += time.as_secs_f64();
         stats.train_units_beside_requests += u64::from(beside_requests);

@@ -32,8 +32,8 @@ impl CoServe for CoServedJobs {
         self.executor.offer(free, &|a| price(&cost_of(a))).map(|a| cost_of(&a))
     }
 
-    fn run(&mut self, pool: &NodePool) {
-        self.executor.run(pool);
+    fn run(&mut self, pool: &NodePool) -> Duration {
+        self.executor.run(pool)
     }
 }
 
@@ -48,6 +48,14 @@ pub fn cost_of(a: &Accepted) -> UnitCost {
             };
             UnitCost { kind, rows: s.rows, attn: s.attn, layers: a.layers, head_rows: s.head_rows, params: 0 }
         }
-        Unit::Optimizer { params } => UnitCost { kind: UnitKind::Optimizer, rows: 0, attn: 0, layers: 0, head_rows: 0, params },
+        Unit::GradNorm { layers, params } => optimizer(UnitKind::GradNorm, a.layers, layers, params),
+        Unit::Optimizer { layers, params } => optimizer(UnitKind::Optimizer, a.layers, layers, params),
     }
+}
+
+/// An optimizer unit over `taken` of the `layers` left, which hold `params` parameters
+/// (the same number in each layer).
+fn optimizer(kind: UnitKind, taken: usize, layers: usize, params: usize) -> UnitCost {
+    let params = if taken >= layers { params } else { params / layers.max(1) * taken };
+    UnitCost { kind, rows: 0, attn: 0, layers: taken, head_rows: 0, params }
 }

@@ -6,7 +6,7 @@
 
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blink_model::Model;
 use blink_runtime::numa::NodePool;
@@ -35,7 +35,8 @@ impl Active {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Accepted {
     pub unit: Unit,
-    /// For a batch's forward or backward, the layers it covers (at least one).
+    /// For a unit over layers (a forward, backward, gradient norm or update), the layers
+    /// it covers (at least one).
     pub layers: usize,
 }
 
@@ -50,11 +51,14 @@ pub struct Executor {
     accepted: Option<Accepted>,
     /// Whether the worker is gone (the service stopped): nothing more will come.
     closed: bool,
+    /// How long the last commit's snapshot took: reserved in the offer of a unit that
+    /// ends a step.
+    commit_time: Duration,
 }
 
 impl Executor {
     pub(crate) fn new(incoming: Receiver<Active>, reports: Sender<Msg>, spares: Receiver<Box<TrainState>>) -> Executor {
-        Executor { incoming, reports, spares, active: None, accepted: None, closed: false }
+        Executor { incoming, reports, spares, active: None, accepted: None, closed: false, commit_time: Duration::ZERO }
     }
 
     /// Take the run the worker handed over, if one came.
@@ -102,8 +106,8 @@ impl Executor {
         }
     }
 
-    /// The next unit, sized to `free`: the most layers of a forward or backward whose
-    /// `price` fits (at least one), or a head or optimizer update that fits whole; `None`
+    /// The next unit, sized to `free`: the most layers of a forward, backward, gradient
+    /// norm or update whose `price` fits (at least one), or a head that fits whole; `None`
     /// when nothing fits or there is no job. Applies the job's control flags first.
     pub fn offer(&mut self, free: Duration, price: &dyn Fn(&Accepted) -> Duration) -> Option<Accepted> {
         self.poll();
@@ -126,31 +130,42 @@ impl Executor {
                 return None;
             }
         };
-        let fits = |layers: usize| price(&Accepted { unit, layers }) <= free;
-        let accepted = match unit {
-            Unit::Batch(shape) if shape.layers > 0 => {
-                // The price grows with the layers: the largest count that fits.
-                let (mut lo, mut hi) = (0, shape.layers);
-                while lo < hi {
-                    let mid = (lo + hi).div_ceil(2);
-                    if fits(mid) {
-                        lo = mid;
-                    } else {
-                        hi = mid - 1;
-                    }
+        // The unit that ends a step is followed by its commit (the snapshot's copy).
+        let commit_time = self.commit_time;
+        let fits = |layers: usize| {
+            let ends_step = matches!(unit, Unit::Optimizer { layers: left, .. } if layers >= left);
+            price(&Accepted { unit, layers }) + if ends_step { commit_time } else { Duration::ZERO } <= free
+        };
+        // A unit over layers takes the most layers whose price fits (it grows with them).
+        let layers = match unit {
+            Unit::Batch(shape) => shape.layers,
+            Unit::GradNorm { layers, .. } | Unit::Optimizer { layers, .. } => layers,
+        };
+        let accepted = if layers > 0 {
+            let (mut lo, mut hi) = (0, layers);
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                if fits(mid) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
                 }
-                (lo > 0).then_some(Accepted { unit, layers: lo })
             }
-            _ => fits(0).then_some(Accepted { unit, layers: 0 }),
+            (lo > 0).then_some(Accepted { unit, layers: lo })
+        } else {
+            fits(0).then_some(Accepted { unit, layers: 0 })
         };
         self.accepted = accepted;
         accepted
     }
 
     /// Run the unit last accepted on `pool`; then commit, finish or fail as the run says.
-    pub fn run(&mut self, pool: &NodePool) {
-        let (Some(accepted), Some(a)) = (self.accepted.take(), self.active.as_mut()) else { return };
-        match a.run.run_unit(pool, accepted.layers.max(1)) {
+    /// Returns the time the commit took (none if there was none).
+    pub fn run(&mut self, pool: &NodePool) -> Duration {
+        let (Some(accepted), Some(a)) = (self.accepted.take(), self.active.as_mut()) else { return Duration::ZERO };
+        let outcome = a.run.run_unit(pool, accepted.layers.max(1));
+        let t = Instant::now();
+        match outcome {
             Ok(Outcome::Finished) => self.finish(),
             Ok(_) => {
                 self.commit_if_due();
@@ -160,6 +175,7 @@ impl Executor {
             }
             Err(e) => self.fail(e.to_string()),
         }
+        t.elapsed()
     }
 
     /// At a commit point where a checkpoint is due or an epoch has ended since the last
@@ -170,6 +186,7 @@ impl Executor {
         if !(a.run.at_commit_point() && (a.run.checkpoint_due() || epochs > a.committed_epochs)) {
             return;
         }
+        let t = Instant::now();
         let state = match self.spares.try_recv() {
             Ok(mut spare) => {
                 a.run.checkpoint_state_into(&mut spare);
@@ -178,6 +195,7 @@ impl Executor {
             Err(_) => Box::new(a.run.checkpoint_state()),
         };
         a.run.mark_saved(state.step);
+        self.commit_time = t.elapsed();
         let epoch_ended = (epochs > a.committed_epochs).then(|| epochs - 1);
         a.committed_epochs = epochs;
         let id = a.id.clone();

@@ -58,6 +58,8 @@ pub struct AdamW {
     steps: u64,
     m: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    /// The factors of the step begun last (a step taken tensor by tensor).
+    factors: Option<Factors>,
 }
 
 impl AdamW {
@@ -65,7 +67,7 @@ impl AdamW {
     pub fn new(config: AdamWConfig, sizes: &[usize]) -> Result<AdamW, OptimError> {
         config.validate()?;
         let zeros = || sizes.iter().map(|&n| vec![0f32; n]).collect::<Vec<_>>();
-        Ok(AdamW { config, steps: 0, m: zeros(), v: zeros() })
+        Ok(AdamW { config, steps: 0, m: zeros(), v: zeros(), factors: None })
     }
 
     /// State restored from a checkpoint: `steps` taken, first moments `m`, second moments `v`.
@@ -74,7 +76,7 @@ impl AdamW {
         if m.len() != v.len() || m.iter().zip(&v).any(|(a, b)| a.len() != b.len()) {
             return Err(OptimError::Shape("the first and second moments differ in shape".into()));
         }
-        Ok(AdamW { config, steps, m, v })
+        Ok(AdamW { config, steps, m, v, factors: None })
     }
 
     pub fn config(&self) -> &AdamWConfig {
@@ -119,16 +121,34 @@ impl AdamW {
                 return Err(OptimError::Shape(format!("tensor {i} has {want} elements, its parameter {p} and gradient {g}")));
             }
         }
-        self.steps += 1;
-        let k = Factors::new(&self.config, self.steps);
+        self.begin_step();
         for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            k.apply(p.as_mut(), g.as_ref(), &mut self.m[i], &mut self.v[i]);
+            self.update(i, p.as_mut(), g.as_ref())?;
         }
+        Ok(())
+    }
+
+    /// Begin a step taken a few tensors at a time ([`AdamW::update`] each): counts it and
+    /// fixes its factors at the current learning rate. The same arithmetic as [`AdamW::step`].
+    pub fn begin_step(&mut self) {
+        self.steps += 1;
+        self.factors = Some(Factors::new(&self.config, self.steps));
+    }
+
+    /// Tensor `i`'s share of the step begun last: `p` moves by `g`.
+    pub fn update(&mut self, i: usize, p: &mut [f32], g: &[f32]) -> Result<(), OptimError> {
+        let Some(k) = &self.factors else { return Err(OptimError::Shape("an update outside a step".into())) };
+        let (m, v) = match (self.m.get_mut(i), self.v.get_mut(i)) {
+            (Some(m), Some(v)) if m.len() == p.len() && g.len() == p.len() => (m, v),
+            _ => return Err(OptimError::Shape(format!("tensor {i}: the optimizer holds no tensor of {} elements there", p.len()))),
+        };
+        k.apply(p, g, m, v);
         Ok(())
     }
 }
 
 /// One step's scalar factors, computed in f64 and rounded to f32 once, as torch does.
+#[derive(Clone, Debug)]
 struct Factors {
     decay: Option<f32>,
     w1: f32,

@@ -23,18 +23,24 @@ pub fn grad_norm<G: AsRef<[f32]>>(grads: &[G]) -> f64 {
 /// returns the norm before clipping. A non-finite norm is an error and leaves the
 /// gradients as they were.
 pub fn clip_grad_norm<G: AsMut<[f32]> + AsRef<[f32]>>(grads: &mut [G], max_norm: f64) -> Result<f64, OptimError> {
-    if !(max_norm.is_finite() && max_norm > 0.0) {
-        return Err(OptimError::Setting(format!("the maximum gradient norm is {max_norm}")));
-    }
     let norm = grad_norm(grads);
-    if !norm.is_finite() {
-        return Err(OptimError::NonFinite(norm));
-    }
-    if norm > max_norm {
-        let scale = (max_norm / norm) as f32;
+    if let Some(scale) = clip_scale(norm, max_norm)? {
         for g in grads.iter_mut() {
             g.as_mut().iter_mut().for_each(|x| *x *= scale);
         }
     }
     Ok(norm)
+}
+
+/// The factor that clips gradients of global norm `norm` to `max_norm` (`None`: within
+/// it already). A maximum that is not a positive number, or a norm that is not finite, is
+/// an error.
+pub fn clip_scale(norm: f64, max_norm: f64) -> Result<Option<f32>, OptimError> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(OptimError::Setting(format!("the maximum gradient norm is {max_norm}")));
+    }
+    if !norm.is_finite() {
+        return Err(OptimError::NonFinite(norm));
+    }
+    Ok((norm > max_norm).then(|| (max_norm / norm) as f32))
 }

@@ -1,7 +1,8 @@
 //! The run's units of work and where the run is between them. An optimizer step is its
 //! batches, each cut into forward units (a few layers each), the loss head and backward
-//! units, then the optimizer's update; an epoch's end adds the evaluation batches'
-//! forward units and heads. Whoever drives the run asks for the next unit
+//! units, then the optimizer: the gradients' global norm and AdamW's update, each over a
+//! few layers at a time; an epoch's end adds the evaluation batches' forward units and
+//! heads. The units give the same bits however they are cut. Whoever drives the run asks for the next unit
 //! ([`Finetune::next_unit`], to size it) and runs it ([`Finetune::run_unit`]).
 
 use std::ops::Deref;
@@ -11,17 +12,31 @@ use blink_model::train::{self, BatchLoss, UnitShape};
 use blink_model::Model;
 use blink_runtime::numa::NodePool;
 
-use super::{examples_of, init, Finetune, FinetuneError, Progress};
+use super::{examples_of, Finetune, FinetuneError, Progress};
 use crate::checkpoint::{CurvePoint, TrainState};
-use crate::optim::{clip_grad_norm, grad_norm, OptimError};
+use crate::optim::{clip_scale, OptimError};
 
 /// The run's next unit, as a scheduler sizes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unit {
     /// A piece of a training or evaluation batch's pass.
     Batch(UnitShape),
-    /// The optimizer's update of `params` adapter parameters (clipping included).
-    Optimizer { params: usize },
+    /// The gradients' global norm (for clipping) over the `layers` layers left, which
+    /// hold `params` adapter parameters; a unit takes one or more of them.
+    GradNorm { layers: usize, params: usize },
+    /// AdamW's update (clipping applied) of the `layers` layers left, which hold `params`
+    /// adapter parameters; a unit takes one or more of them.
+    Optimizer { layers: usize, params: usize },
+}
+
+impl Unit {
+    /// Of an optimizer unit, its `(layers, params)` left.
+    pub fn optimizer_share(&self) -> Option<(usize, usize)> {
+        match *self {
+            Unit::GradNorm { layers, params } | Unit::Optimizer { layers, params } => Some((layers, params)),
+            Unit::Batch(_) => None,
+        }
+    }
 }
 
 /// What a unit did.
@@ -44,7 +59,10 @@ enum Pos {
     /// Batch `at` of the current step, whose batches end before `end` (of the state's
     /// epoch); `staged` once the trainer holds it.
     Train { at: usize, end: usize, staged: bool },
-    Optimizer,
+    /// The gradients' norm, from `layer` on.
+    Norm { layer: usize },
+    /// AdamW's update, from `layer` on.
+    Update { layer: usize },
     /// Evaluation batch `at`.
     Eval { at: usize, staged: bool },
     Done,
@@ -59,11 +77,28 @@ pub(super) struct Cursor {
     tokens: u64,
     weight: f32,
     eval: BatchLoss,
+    /// The sum of the gradients' squares so far (f64, in the tensors' order).
+    norm_squared: f64,
+    /// The step's gradient norm, clipping factor and learning rate, once the norm is whole.
+    norm: f64,
+    clip: Option<f32>,
+    lr: f64,
 }
 
 impl Cursor {
     pub fn new(params: &LoraTensors) -> Cursor {
-        Cursor { pos: Pos::Done, grads: train::zeros_like(params), loss: BatchLoss::default(), tokens: 0, weight: 0.0, eval: BatchLoss::default() }
+        Cursor {
+            pos: Pos::Done,
+            grads: train::zeros_like(params),
+            loss: BatchLoss::default(),
+            tokens: 0,
+            weight: 0.0,
+            eval: BatchLoss::default(),
+            norm_squared: 0.0,
+            norm: 0.0,
+            clip: None,
+            lr: 0.0,
+        }
     }
 
     pub fn is_done(&self) -> bool {
@@ -75,7 +110,7 @@ impl Cursor {
         match self.pos {
             Pos::Train { staged, .. } => !staged && self.tokens == 0,
             Pos::Done => true,
-            Pos::Optimizer | Pos::Eval { .. } => false,
+            Pos::Norm { .. } | Pos::Update { .. } | Pos::Eval { .. } => false,
         }
     }
 }
@@ -86,7 +121,8 @@ impl<H: Deref<Target = Model>> Finetune<H> {
     pub fn next_unit(&mut self) -> Result<Option<Unit>, FinetuneError> {
         match self.cursor.pos {
             Pos::Done => return Ok(None),
-            Pos::Optimizer => return Ok(Some(Unit::Optimizer { params: init::tensors(&self.state.params).iter().map(|t| t.len()).sum() })),
+            Pos::Norm { layer } => return Ok(Some(Unit::GradNorm { layers: self.n_layers() - layer, params: params_from(&self.state.params, layer) })),
+            Pos::Update { layer } => return Ok(Some(Unit::Optimizer { layers: self.n_layers() - layer, params: params_from(&self.state.params, layer) })),
             Pos::Train { at, end, staged: false } => {
                 let epoch = self.state.epoch as usize;
                 if at == self.state.batch as usize {
@@ -108,8 +144,8 @@ impl<H: Deref<Target = Model>> Finetune<H> {
         Ok(Some(Unit::Batch(self.trainer.next_unit().expect("a staged batch has a unit left"))))
     }
 
-    /// Run the next unit on `pool`, a batch's forward or backward taking at most
-    /// `max_layers` layers (at least one).
+    /// Run the next unit on `pool`, taking at most `max_layers` layers (at least one) of
+    /// a batch's forward or backward, or of the optimizer's norm or update.
     pub fn run_unit(&mut self, pool: &NodePool, max_layers: usize) -> Result<Outcome, FinetuneError> {
         if self.next_unit()?.is_none() {
             return Ok(Outcome::Finished);
@@ -120,11 +156,12 @@ impl<H: Deref<Target = Model>> Finetune<H> {
                 if let Some(loss) = self.trainer.run_unit(pool, &self.state.params, Some(&mut c.grads), max_layers)? {
                     c.loss.add(loss);
                     c.tokens += self.plan[self.state.epoch as usize][at].tokens as u64;
-                    c.pos = if at + 1 == end { Pos::Optimizer } else { Pos::Train { at: at + 1, end, staged: false } };
+                    c.pos = if at + 1 == end { Pos::Norm { layer: 0 } } else { Pos::Train { at: at + 1, end, staged: false } };
                 }
                 Ok(Outcome::Working)
             }
-            Pos::Optimizer => self.optimizer_step().map(Outcome::Stepped),
+            Pos::Norm { layer } => self.norm_unit(layer, max_layers.max(1)).map(|()| Outcome::Working),
+            Pos::Update { layer } => self.update_unit(layer, max_layers.max(1)),
             Pos::Eval { at, .. } => {
                 let Some(loss) = self.trainer.run_unit(pool, &self.state.params, None, max_layers)? else { return Ok(Outcome::Working) };
                 self.cursor.eval.add(loss);
@@ -143,23 +180,69 @@ impl<H: Deref<Target = Model>> Finetune<H> {
         }
     }
 
-    /// Clipping, the scheduled rate and AdamW over the step's gradients; then the
-    /// bookkeeping, and on to the evaluation or the next step.
-    fn optimizer_step(&mut self) -> Result<Progress, FinetuneError> {
+    fn n_layers(&self) -> usize {
+        self.state.params.layers.len()
+    }
+
+    /// The squares of layers `layer..` (at most `n` of them) into the norm; when the norm
+    /// is whole, the step's clipping factor and rate, and AdamW's step begins.
+    fn norm_unit(&mut self, layer: usize, n: usize) -> Result<(), FinetuneError> {
+        let n_layers = self.n_layers();
+        let end = n_layers.min(layer + n);
         let c = &mut self.cursor;
-        let mut g = init::tensors_mut(&mut c.grads);
-        let norm = match self.cfg.clip {
-            Some(max) => clip_grad_norm(&mut g, max)?,
-            None => grad_norm(&g),
-        };
+        for g in c.grads.layers[layer..end].iter().flatten().flatten().flat_map(|p| [&p.a, &p.b]) {
+            for &x in g {
+                let x = f64::from(x);
+                c.norm_squared += x * x;
+            }
+        }
+        if end < n_layers {
+            c.pos = Pos::Norm { layer: end };
+            return Ok(());
+        }
+        let norm = c.norm_squared.sqrt();
         if !norm.is_finite() {
             return Err(OptimError::NonFinite(norm).into());
         }
-        let lr = self.schedule.lr(self.state.step);
-        self.adam.set_lr(lr)?;
-        let g: Vec<&[f32]> = g.into_iter().map(|s| &*s).collect();
-        self.adam.step(&mut init::tensors_mut(&mut self.state.params), &g)?;
+        c.clip = match self.cfg.clip {
+            Some(max) => clip_scale(norm, max)?,
+            None => None,
+        };
+        (c.norm, c.lr) = (norm, self.schedule.lr(self.state.step));
+        self.adam.set_lr(c.lr)?;
+        self.adam.begin_step();
+        c.pos = Pos::Update { layer: 0 };
+        Ok(())
+    }
 
+    /// AdamW's update of layers `layer..` (at most `n` of them), their gradients clipped
+    /// first; after the last layer, the step's bookkeeping.
+    fn update_unit(&mut self, layer: usize, n: usize) -> Result<Outcome, FinetuneError> {
+        let n_layers = self.n_layers();
+        let end = n_layers.min(layer + n);
+        let c = &mut self.cursor;
+        let mut tensor = 2 * self.state.params.layers[..layer].iter().flatten().flatten().count();
+        let params = self.state.params.layers[layer..end].iter_mut().flatten().flatten().flat_map(|p| [&mut p.a, &mut p.b]);
+        let grads = c.grads.layers[layer..end].iter_mut().flatten().flatten().flat_map(|p| [&mut p.a, &mut p.b]);
+        for (p, g) in params.zip(grads) {
+            if let Some(scale) = c.clip {
+                g.iter_mut().for_each(|x| *x *= scale);
+            }
+            self.adam.update(tensor, p, g)?;
+            tensor += 1;
+        }
+        if end < n_layers {
+            c.pos = Pos::Update { layer: end };
+            return Ok(Outcome::Working);
+        }
+        self.end_step().map(Outcome::Stepped)
+    }
+
+    /// The bookkeeping of a step whose update is done; then on to the evaluation or the
+    /// next step.
+    fn end_step(&mut self) -> Result<Progress, FinetuneError> {
+        let c = &self.cursor;
+        let (norm, lr) = (c.norm, c.lr);
         let epoch = self.state.epoch as usize;
         let end = self.plan[epoch].len().min(self.state.batch as usize + self.cfg.accum);
         let (loss, tokens) = (c.loss.mean(), c.tokens);
@@ -203,5 +286,11 @@ impl Cursor {
             p.b.fill(0.0);
         }
         (self.loss, self.tokens, self.eval) = (BatchLoss::default(), 0, BatchLoss::default());
+        (self.norm_squared, self.norm, self.clip, self.lr) = (0.0, 0.0, None, 0.0);
     }
+}
+
+/// The adapter parameters of layers `layer..`.
+fn params_from(params: &LoraTensors, layer: usize) -> usize {
+    params.layers[layer..].iter().flatten().flatten().map(|p| p.a.len() + p.b.len()).sum()
 }

@@ -39,8 +39,10 @@ pub struct UnitCoefficients {
     pub backward_attn_layer: f64,
     /// Seconds per row with a target in the head unit.
     pub head_row: f64,
-    /// Seconds per adapter parameter in the optimizer unit.
+    /// Seconds per adapter parameter in an optimizer update unit.
     pub optimizer_param: f64,
+    /// Seconds per adapter parameter in a gradient-norm unit.
+    pub norm_param: f64,
 }
 
 impl PassCoefficients {
@@ -78,12 +80,13 @@ impl UnitCoefficients {
             self.backward_attn_layer,
             self.head_row,
             self.optimizer_param,
+            self.norm_param,
         ]
     }
 
     pub fn from_array(a: [f64; UNIT_FEATURES]) -> UnitCoefficients {
-        let [base, forward_row_layer, forward_attn_layer, backward_row_layer, backward_attn_layer, head_row, optimizer_param] = a;
-        UnitCoefficients { base, forward_row_layer, forward_attn_layer, backward_row_layer, backward_attn_layer, head_row, optimizer_param }
+        let [base, forward_row_layer, forward_attn_layer, backward_row_layer, backward_attn_layer, head_row, optimizer_param, norm_param] = a;
+        UnitCoefficients { base, forward_row_layer, forward_attn_layer, backward_row_layer, backward_attn_layer, head_row, optimizer_param, norm_param }
     }
 
     /// Conservative stand-ins, as [`PassCoefficients::uncalibrated`].
@@ -96,6 +99,7 @@ impl UnitCoefficients {
             backward_attn_layer: 1e-7,
             head_row: 1e-3,
             optimizer_param: 1e-7,
+            norm_param: 2e-8,
         }
     }
 }
@@ -169,4 +173,5 @@ pub(super) const UNIT_NAMES: [&str; UNIT_FEATURES] = [
     "unit.backward_attn_layer",
     "unit.head_row",
     "unit.optimizer_param",
+    "unit.norm_param",
 ];

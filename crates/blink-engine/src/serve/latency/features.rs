@@ -11,8 +11,9 @@ use crate::serve::StepCost;
 /// adapters].
 pub const PASS_FEATURES: usize = 6;
 /// Features of a training unit: [1, rows·layers (forward), attn·layers (forward),
-/// rows·layers (backward), attn·layers (backward), head rows, parameters (optimizer)].
-pub const UNIT_FEATURES: usize = 7;
+/// rows·layers (backward), attn·layers (backward), head rows, parameters updated
+/// (optimizer), parameters whose squares are summed (gradient norm)].
+pub const UNIT_FEATURES: usize = 8;
 
 /// What a training unit does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,7 +24,10 @@ pub enum UnitKind {
     Head,
     /// The backward pass over `layers` layers.
     Backward,
-    /// The optimizer's update of the adapter's parameters.
+    /// The gradients' global norm over some layers' adapter parameters (for clipping),
+    /// the optimizer's first part.
+    GradNorm,
+    /// The optimizer's update of some layers' adapter parameters.
     Optimizer,
 }
 
@@ -35,11 +39,11 @@ pub struct UnitCost {
     pub rows: usize,
     /// Σ len² over the batch's examples (attention within each example).
     pub attn: usize,
-    /// Layers the unit covers (Forward, Backward); 0 otherwise.
+    /// Layers the unit covers (Forward, Backward, GradNorm, Optimizer); 0 for a Head.
     pub layers: usize,
     /// Rows with a target (Head: the loss head over the vocabulary).
     pub head_rows: usize,
-    /// Adapter parameters updated (Optimizer).
+    /// Adapter parameters the unit covers (GradNorm, Optimizer).
     pub params: usize,
 }
 
@@ -103,7 +107,7 @@ impl StepKind {
             UnitKind::Forward => StepKind::TrainForward,
             UnitKind::Head => StepKind::TrainHead,
             UnitKind::Backward => StepKind::TrainBackward,
-            UnitKind::Optimizer => StepKind::Optimizer,
+            UnitKind::GradNorm | UnitKind::Optimizer => StepKind::Optimizer,
         }
     }
 }
@@ -129,6 +133,7 @@ pub fn unit_features(u: &UnitCost) -> [f64; UNIT_FEATURES] {
         }
         UnitKind::Head => x[5] = u.head_rows as f64,
         UnitKind::Optimizer => x[6] = u.params as f64,
+        UnitKind::GradNorm => x[7] = u.params as f64,
     }
     x
 }
@@ -141,4 +146,4 @@ pub(super) const PASS_SCALE: [f64; PASS_FEATURES] = [1.0, 512.0, 262_144.0, 32.0
 
 /// Typical values of a unit's features (a 512-row batch of one 512-token example over 32
 /// layers, a rank-8 adapter on every projection of a small model).
-pub(super) const UNIT_SCALE: [f64; UNIT_FEATURES] = [1.0, 16_384.0, 8_388_608.0, 16_384.0, 8_388_608.0, 512.0, 1_048_576.0];
+pub(super) const UNIT_SCALE: [f64; UNIT_FEATURES] = [1.0, 16_384.0, 8_388_608.0, 16_384.0, 8_388_608.0, 512.0, 1_048_576.0, 1_048_576.0];

@@ -16,7 +16,7 @@ use super::coefficients::{Coefficients, FitReport, PassCoefficients, UnitCoeffic
 /// The file's `format` field.
 pub const FORMAT: &str = "blink-latency-model";
 /// The version this build writes and reads.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 
 /// Why a coefficient file could not be read or written.
 #[derive(Debug, Error)]
@@ -142,7 +142,7 @@ mod tests {
         assert!(err(r#"{"format": "other"}"#).contains("format is \"other\""));
         assert!(err(r#"{"format": "blink-latency-model"}"#).contains("no version field"));
         assert!(err(r#"{"format": "blink-latency-model", "version": "1"}"#).contains("expected a whole number"));
-        assert!(err(r#"{"format": "blink-latency-model", "version": 2}"#).contains("version 2, this build reads version 1"));
-        assert!(err(r#"{"format": "blink-latency-model", "version": 1}"#).contains("missing field"));
+        assert!(err(r#"{"format": "blink-latency-model", "version": 1}"#).contains("version 1, this build reads version 2"));
+        assert!(err(r#"{"format": "blink-latency-model", "version": 2}"#).contains("missing field"));
     }
 }

@@ -1,6 +1,6 @@
 //! The training half of the sweep: a fine-tuning run of the shape a job has (rank 8 on
 //! all seven projections, 512-token batches) over synthetic examples of several lengths,
-//! its batches cut into units of 1 to all layers, each unit timed on a detached pool as
+//! its batches and optimizer steps cut into units of 1 to all layers, each unit timed on a detached pool as
 //! the engine's.
 
 use std::time::Instant;
@@ -11,7 +11,7 @@ use blink_model::Model;
 use blink_train::data::Example;
 use blink_train::jobs::{cost_of, Accepted, JobSettings};
 use blink_train::optim::Decay;
-use blink_train::run::{init, Finetune, FinetuneConfig, Unit};
+use blink_train::run::{init, Finetune, FinetuneConfig, Outcome, Unit};
 
 use crate::common::CliResult;
 
@@ -51,17 +51,17 @@ pub fn sweep(model: &Model, threads: usize, reps: usize, quick: bool, out: &mut 
     while let Some(unit) = run.next_unit()? {
         let k = LAYERS[batch % LAYERS.len()];
         let layers = match unit {
-            Unit::Batch(shape) if shape.layers > 0 => k.min(shape.layers),
-            _ => 0,
+            Unit::Batch(shape) => k.min(shape.layers),
+            Unit::GradNorm { layers, .. } | Unit::Optimizer { layers, .. } => k.min(layers),
         };
         let t = Instant::now();
-        run.run_unit(&pool, layers.max(1))?;
+        let outcome = run.run_unit(&pool, layers.max(1))?;
         let time = t.elapsed();
         // The first batch warms the buffers up.
         if batch > 0 {
             out.push(Sample::Unit { cost: cost_of(&Accepted { unit, layers }), time });
         }
-        if let Unit::Optimizer { .. } = unit {
+        if let Outcome::Stepped(_) = outcome {
             batch += 1;
         }
     }
