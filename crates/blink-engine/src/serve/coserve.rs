@@ -56,8 +56,8 @@ impl Default for SloTargets {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TrainingPolicy {
     /// Whatever the targets leave: a step carrying a unit must still meet every running
-    /// request's TPOT and every prefilling request's TTFT deadline (DeltaServe's guard:
-    /// 0.9 of the target), none may wait for admission, and with the latency model's
+    /// request's TPOT and every prefilling request's TTFT deadline, each at 0.9 of its
+    /// target (DeltaServe's guard), none may wait for admission, and with the latency model's
     /// margins on every prediction.
     #[default]
     Slo,
@@ -99,6 +99,9 @@ pub struct StepOutlook {
     pub waiting: usize,
 }
 
+/// The share of each target a step carrying training may use (DeltaServe's guard).
+const TARGET_GUARD: f64 = 0.9;
+
 /// The time training may have in the coming step: see [`TrainingPolicy`]. `idle_unit`
 /// bounds a unit when no request runs (one that arrives then waits at most that long).
 pub fn training_budget(policy: TrainingPolicy, slo: &SloTargets, step: &StepOutlook, requests: impl Iterator<Item = RequestClock>, idle_unit: Duration) -> Duration {
@@ -115,11 +118,13 @@ pub fn training_budget(policy: TrainingPolicy, slo: &SloTargets, step: &StepOutl
     let mut free = idle_unit;
     for r in requests {
         let room = if r.decoding {
-            // The step is one token of every decoding request.
-            slo.tpot.saturating_sub(step.pass)
+            // The step is one token of every decoding request; 0.9 of the target, as for
+            // the TTFT, leaves room for the step's work outside the pass and the unit
+            // (sampling, streaming, scheduling).
+            slo.tpot.mul_f64(TARGET_GUARD).saturating_sub(step.pass)
         } else {
             // Its first token comes after this step and the prompt work it has left.
-            let deadline = r.arrived + slo.ttft.mul_f64(0.9);
+            let deadline = r.arrived + slo.ttft.mul_f64(TARGET_GUARD);
             deadline.saturating_duration_since(step.now).saturating_sub(step.pass).saturating_sub(r.prefill_left)
         };
         free = free.min(room);
@@ -145,11 +150,11 @@ mod tests {
         let budget = |step: StepOutlook, reqs: &[RequestClock]| training_budget(TrainingPolicy::Slo, &slo, &step, reqs.iter().copied(), idle_unit);
         // Idle: one unit's cap.
         assert_eq!(budget(outlook(now, 0, 0), &[]), idle_unit);
-        // Decoding requests leave the TPOT less the pass.
+        // Decoding requests leave 0.9 of the TPOT less the pass.
         let dec = RequestClock { arrived: now - MS(5000), decoding: true, prefill_left: Duration::ZERO };
-        assert_eq!(budget(outlook(now, 30, 0), &[dec, dec]), MS(70));
-        // A pass longer than the TPOT leaves nothing.
-        assert_eq!(budget(outlook(now, 120, 0), &[dec]), Duration::ZERO);
+        assert_eq!(budget(outlook(now, 30, 0), &[dec, dec]), MS(60));
+        // A pass longer than that leaves nothing.
+        assert_eq!(budget(outlook(now, 95, 0), &[dec]), Duration::ZERO);
         // A prefilling request: 0.9 × TTFT from its arrival, less the pass and what is left.
         let pre = RequestClock { arrived: now - MS(500), decoding: false, prefill_left: MS(100) };
         assert_eq!(budget(outlook(now, 50, 0), &[pre]), MS(250).min(MS(900 - 500 - 50 - 100)));

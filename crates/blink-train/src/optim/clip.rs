@@ -11,12 +11,18 @@ use super::OptimError;
 pub fn grad_norm<G: AsRef<[f32]>>(grads: &[G]) -> f64 {
     let mut sum = 0f64;
     for g in grads {
-        for &x in g.as_ref() {
-            let x = f64::from(x);
-            sum += x * x;
-        }
+        add_squares(&mut sum, g.as_ref());
     }
     sum.sqrt()
+}
+
+/// Adds the squares of `g` to `sum`, element by element in order (a norm taken a few
+/// tensors at a time gives the bits of [`grad_norm`]).
+pub fn add_squares(sum: &mut f64, g: &[f32]) {
+    for &x in g {
+        let x = f64::from(x);
+        *sum += x * x;
+    }
 }
 
 /// Scales all of `grads` by `max_norm / norm` when their global norm is above `max_norm`;

@@ -7,7 +7,7 @@ mod clip;
 mod schedule;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use clip::{clip_grad_norm, clip_scale, grad_norm};
+pub use clip::{add_squares, clip_grad_norm, clip_scale, grad_norm};
 pub use schedule::{Decay, Schedule};
 
 /// Why an optimizer operation was refused.

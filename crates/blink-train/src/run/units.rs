@@ -14,7 +14,7 @@ use blink_runtime::numa::NodePool;
 
 use super::{examples_of, Finetune, FinetuneError, Progress};
 use crate::checkpoint::{CurvePoint, TrainState};
-use crate::optim::{clip_scale, OptimError};
+use crate::optim::{add_squares, clip_scale, OptimError};
 
 /// The run's next unit, as a scheduler sizes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,10 +191,7 @@ impl<H: Deref<Target = Model>> Finetune<H> {
         let end = n_layers.min(layer + n);
         let c = &mut self.cursor;
         for g in c.grads.layers[layer..end].iter().flatten().flatten().flat_map(|p| [&p.a, &p.b]) {
-            for &x in g {
-                let x = f64::from(x);
-                c.norm_squared += x * x;
-            }
+            add_squares(&mut c.norm_squared, g);
         }
         if end < n_layers {
             c.pos = Pos::Norm { layer: end };
