@@ -2,8 +2,9 @@
 //! batches, each cut into forward units (a few layers each), the loss head and backward
 //! units, then the optimizer: the gradients' global norm and AdamW's update, each over a
 //! few layers at a time; an epoch's end adds the evaluation batches' forward units and
-//! heads. The units give the same bits however they are cut. Whoever drives the run asks for the next unit
-//! ([`Finetune::next_unit`], to size it) and runs it ([`Finetune::run_unit`]).
+//! heads. The units give the same bits however they are cut. Whoever drives the run asks
+//! for the next unit ([`Finetune::next_unit`], to size it) and runs it
+//! ([`Finetune::run_unit`]).
 
 use std::ops::Deref;
 
@@ -29,15 +30,6 @@ pub enum Unit {
     Optimizer { layers: usize, params: usize },
 }
 
-impl Unit {
-    /// Of an optimizer unit, its `(layers, params)` left.
-    pub fn optimizer_share(&self) -> Option<(usize, usize)> {
-        match *self {
-            Unit::GradNorm { layers, params } | Unit::Optimizer { layers, params } => Some((layers, params)),
-            Unit::Batch(_) => None,
-        }
-    }
-}
 
 /// What a unit did.
 #[derive(Clone, Copy, Debug)]
