@@ -148,6 +148,7 @@ impl Metrics {
         counter(&mut out, "blink_coserve_units_total", "Co-served fine-tuning units the engine ran.", s.train_units_total as f64);
         counter(&mut out, "blink_coserve_seconds_total", "Time the engine spent in co-served fine-tuning units.", s.train_seconds_total);
         counter(&mut out, "blink_coserve_units_beside_requests_total", "Co-served fine-tuning units that shared their step with requests' rows.", s.train_units_beside_requests as f64);
+        counter(&mut out, "blink_coserve_units_stopped_total", "Co-served fine-tuning units a request's arrival stopped at a layer boundary (the rest ran later).", s.train_units_stopped as f64);
         render_latency(&mut out, s);
         if let Some(a) = adapters {
             gauge(&mut out, "blink_lora_adapters", "LoRA adapters served (held in memory or not).", a.registered as f64);

@@ -141,7 +141,10 @@ fn a_co_served_job_trains_as_the_standalone_run_and_leaves_requests_alone() {
     let name = done.fine_tuned_model.clone().unwrap();
     assert_eq!(name, format!("ft:base:zorb:{}", job.id));
     let stats = engine.stats();
-    eprintln!("units {} ({} beside requests), {:.1} s of training; latency {:?}", stats.train_units_total, stats.train_units_beside_requests, stats.train_seconds_total, stats.latency);
+    eprintln!(
+        "units {} ({} beside requests, {} stopped by an arrival), {:.1} s of training; latency {:?}",
+        stats.train_units_total, stats.train_units_beside_requests, stats.train_units_stopped, stats.train_seconds_total, stats.latency
+    );
     assert!(stats.train_units_total > 0 && stats.train_units_beside_requests > 0, "units: {} beside requests of {}", stats.train_units_beside_requests, stats.train_units_total);
     let count = |k: StepKind| stats.latency[StepKind::ALL.iter().position(|&x| x == k).unwrap()].count;
     assert!(count(StepKind::TrainForward) > 0 && count(StepKind::TrainBackward) > 0 && count(StepKind::Decode) > 0);

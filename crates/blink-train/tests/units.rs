@@ -1,5 +1,6 @@
 //! A run driven unit by unit, as a serving engine drives a co-served job (units of a
-//! few layers, a pool lent for each), ends bit-identical to the run done back to back:
+//! few layers, a pool lent for each, units stopped part-way), ends bit-identical to the
+//! run done back to back:
 //! the same adapter, loss curve and evaluation figures, with a resume from a checkpoint
 //! taken between units on the way.
 
@@ -82,14 +83,21 @@ fn units_of_any_size_end_where_the_whole_run_ends() {
     let want = bits(&whole);
     assert!(whole.curve().iter().filter(|p| p.eval_loss.is_some()).count() == 2, "an evaluation after each epoch");
 
-    for layers in [1, 7] {
+    // Units of 1 and 7 layers, and units of every layer left that are stopped at every
+    // fifth layer boundary (as a request's arrival stops a co-served unit).
+    for (layers, stop_every) in [(1, None), (7, None), (usize::MAX, Some(5))] {
         // A pool of another size lent for the units changes nothing either.
         let other_pool = s.model.pool(1).unwrap();
         let mut run = new_run(&s);
-        let (mut units, mut steps, mut evals, mut saw_optimizer) = (0, 0, 0, false);
+        let (mut units, mut steps, mut evals, mut saw_optimizer, mut stopped) = (0, 0, 0, false, 0);
         let mut resumed = false;
+        let asked = std::cell::Cell::new(0usize);
+        let stop = || {
+            asked.set(asked.get() + 1);
+            stop_every.is_some_and(|n| asked.get() % n == 0)
+        };
         loop {
-            match run.next_unit().unwrap() {
+            let left = match run.next_unit().unwrap() {
                 None => break,
                 Some(Unit::GradNorm { layers: left, params } | Unit::Optimizer { layers: left, params }) => {
                     // The layers and parameters left: all of them at each part's start.
@@ -98,11 +106,30 @@ fn units_of_any_size_end_where_the_whole_run_ends() {
                     assert!(left >= 1 && left <= n_layers);
                     assert_eq!(params, per_layer * left);
                     saw_optimizer = true;
+                    left
                 }
-                Some(Unit::Batch(shape)) => assert!(shape.rows > 0 && shape.rows <= 160),
-            }
+                Some(Unit::Batch(shape)) => {
+                    assert!(shape.rows > 0 && shape.rows <= 160);
+                    shape.layers
+                }
+            };
             let lent = if units % 2 == 0 { &pool } else { &other_pool };
-            match run.run_unit(lent, layers).unwrap() {
+            let outcome = if stop_every.is_some() {
+                let asked_before = asked.get();
+                let (outcome, ran) = run.run_unit_until(lent, layers, &stop).unwrap();
+                // A head runs whole; a unit over layers runs until it is told to stop.
+                let told = asked.get() - asked_before;
+                if left == 0 {
+                    assert_eq!((ran, told), (0, 0));
+                } else {
+                    assert!(ran >= 1 && ran <= left && told == ran - usize::from(ran == left));
+                    stopped += usize::from(ran < left);
+                }
+                outcome
+            } else {
+                run.run_unit(lent, layers).unwrap()
+            };
+            match outcome {
                 Outcome::Stepped(_) => steps += 1,
                 Outcome::Evaluated { .. } => evals += 1,
                 Outcome::Working => {}
@@ -121,6 +148,7 @@ fn units_of_any_size_end_where_the_whole_run_ends() {
             }
         }
         assert!(resumed && saw_optimizer);
+        assert!(stop_every.is_none() || stopped > 10, "only {stopped} units were stopped");
         assert_eq!(evals, 2, "units of {layers}: evaluations");
         assert_eq!(steps as u64, run.total_steps(), "units of {layers}: steps");
         assert!(bits(&run) == want, "units of {layers} layers end elsewhere than the whole run");

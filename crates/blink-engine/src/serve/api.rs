@@ -117,6 +117,8 @@ pub struct EngineStats {
     pub train_units_total: u64,
     pub train_seconds_total: f64,
     pub train_units_beside_requests: u64,
+    /// Units a request's arrival stopped at a layer boundary (the rest ran later).
+    pub train_units_stopped: u64,
     /// The latency model's errors per kind of step, in [`StepKind::ALL`]'s order
     /// (refreshed about once a second).
     ///

@@ -11,8 +11,9 @@
 //! unit on the same threads ([`CoServe::run`]) and times both parts for the latency model.
 //! When no request runs, steps are the trainer's alone. The scheduler knows nothing else
 //! about training: no request waits behind it, because a unit is only offered time that
-//! every running and waiting request can spare, and a request that arrives meanwhile waits
-//! at most what is left of one unit.
+//! every running and waiting request can spare, and a request that arrives while a unit
+//! runs in an idle step stops it at its next layer boundary (the rest runs in a later
+//! step), so it waits at most one layer of a forward or backward, or a loss head.
 
 use std::time::{Duration, Instant};
 
@@ -28,11 +29,21 @@ pub trait CoServe: Send {
     /// The time the coming step may still take, and the price of a unit: the unit the
     /// trainer will run in this step, sized so its price fits `free`, or `None`.
     fn offer(&mut self, free: Duration, price: &dyn Fn(&UnitCost) -> Duration) -> Option<UnitCost>;
-    /// Run the unit just accepted on the engine's threads. Returns the part of its time
-    /// that was bookkeeping after the unit proper (a checkpoint's snapshot of the state),
-    /// which the latency model leaves out of its fit: the trainer accounts for it itself
-    /// when it sizes the units that come before it.
-    fn run(&mut self, pool: &NodePool) -> Duration;
+    /// Run the unit just accepted on the engine's threads, asking `stop` at each layer
+    /// boundary whether to leave the rest for a later unit (a request has arrived).
+    fn run(&mut self, pool: &NodePool, stop: &dyn Fn() -> bool) -> UnitRun;
+}
+
+/// What a unit's run did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnitRun {
+    /// The part of the unit that ran (fewer layers than accepted if it was stopped;
+    /// `None`: nothing ran).
+    pub ran: Option<UnitCost>,
+    /// The part of its time that was bookkeeping after the unit proper (a checkpoint's
+    /// snapshot of the state), which the latency model leaves out of its fit: the trainer
+    /// accounts for it itself when it sizes the units that come before it.
+    pub bookkeeping: Duration,
 }
 
 /// The requests' latency targets.
@@ -64,11 +75,16 @@ pub enum TrainingPolicy {
     /// Only steps with no request running or waiting (fine-tuning in idle time only).
     IdleOnly,
     /// A unit in every step regardless of the requests (co-serving without admission
-    /// control: the baseline that shows what the control buys).
+    /// control: the baseline that shows what the control buys; its units run whole).
     Always,
 }
 
 impl TrainingPolicy {
+    /// Whether a request's arrival stops a unit of an idle step at its next layer boundary.
+    pub fn yields_to_arrivals(self) -> bool {
+        self != TrainingPolicy::Always
+    }
+
     pub fn parse(s: &str) -> Option<TrainingPolicy> {
         match s {
             "slo" => Some(TrainingPolicy::Slo),
@@ -85,7 +101,8 @@ pub struct RequestClock {
     pub arrived: Instant,
     /// Whether its first token has been sent (it decodes now).
     pub decoding: bool,
-    /// The predicted time (with margin) of the prompt work it has left after this step.
+    /// The predicted time (with margin) of the prompt work left after this step before
+    /// its first token: its own and that of the requests whose prompts go before it.
     pub prefill_left: Duration,
 }
 

@@ -57,15 +57,28 @@ impl CoTraining {
         let latency = &self.latency;
         let now = Instant::now();
         let step = StepOutlook { now, pass: pass.map_or(Duration::ZERO, |c| latency.predict_pass_with_margin(c)), waiting: sched.waiting() };
-        let clocks = sched.running.iter().filter(|s| s.finished().is_none()).map(|s| {
+        // Prompts are chunked oldest first (in the running order), so a request's first
+        // token waits for the prompt work left of every request ahead of it too, and for
+        // the decode rows of the requests decoding now in each step that work takes.
+        let live = || sched.running.iter().filter(|s| s.finished().is_none());
+        let (decoding, decode_context) = live().filter(|s| s.generated > 0).fold((0, 0), |(n, c), s| (n + 1, c + s.scheduled));
+        let chunk = sched.prompt_budget(decoding).max(1);
+        let clocks = live().scan((0, Duration::ZERO), move |(tokens_ahead, prompts_ahead), s| {
             let left = s.n_prompt.saturating_sub(s.scheduled);
-            let prefill_left = if left == 0 {
+            if left == 0 {
+                return Some(RequestClock { arrived: s.arrived, decoding: s.generated > 0, prefill_left: Duration::ZERO });
+            }
+            let own = StepCost { prompt_tokens: left, chunk_tokens_squared: left * left, decode_rows: 0, context_tokens: left * s.scheduled + left * (left + 1) / 2, adapters: 0 };
+            *prompts_ahead += latency.predict_pass_with_margin(&own);
+            *tokens_ahead += left;
+            let steps = tokens_ahead.div_ceil(chunk);
+            let beside = if decoding == 0 {
                 Duration::ZERO
             } else {
-                let cost = StepCost { prompt_tokens: left, chunk_tokens_squared: left * left, decode_rows: 0, context_tokens: left * s.scheduled + left * (left + 1) / 2, adapters: 0 };
-                latency.predict_pass_with_margin(&cost)
+                let rows = StepCost { prompt_tokens: 0, chunk_tokens_squared: 0, decode_rows: decoding * steps, context_tokens: decode_context * steps, adapters: 0 };
+                latency.predict_pass_with_margin(&rows)
             };
-            RequestClock { arrived: s.arrived, decoding: s.generated > 0, prefill_left }
+            Some(RequestClock { arrived: s.arrived, decoding: false, prefill_left: *prompts_ahead + beside })
         });
         let free = training_budget(self.policy, &self.slo, &step, clocks, self.idle_unit);
         if free.is_zero() {
@@ -88,13 +101,23 @@ impl CoTraining {
         self.refresh_errors(stats);
     }
 
-    /// Run the unit taken for this step on `pool`; returns its time.
-    pub fn run(&mut self, pool: &NodePool, beside_requests: bool, stats: &mut EngineStats) -> Duration {
-        let (Some(cost), Some(hook)) = (self.taken.take(), self.hook.as_mut()) else { return Duration::ZERO };
+    /// Run the unit taken for this step on `pool`; returns its time. A unit in a step of
+    /// its own (no request running: it was sized to the idle cap, not to any request's
+    /// slack) stops at a layer boundary once `arrived` says a request has come, unless the
+    /// policy runs units whole. A unit beside requests runs whole: it fits their slack,
+    /// and cutting it at every arrival of a busy period would trade training for switches
+    /// between training and inference, which cost both.
+    pub fn run(&mut self, pool: &NodePool, beside_requests: bool, arrived: &dyn Fn() -> bool, stats: &mut EngineStats) -> Duration {
+        let (Some(taken), Some(hook)) = (self.taken.take(), self.hook.as_mut()) else { return Duration::ZERO };
+        let never = || false;
+        let stop = if self.policy.yields_to_arrivals() && !beside_requests { arrived } else { &never };
         let t = Instant::now();
-        let bookkeeping = hook.run(pool);
+        let run = hook.run(pool, stop);
         let time = t.elapsed();
-        self.latency.observe_unit(&cost, time.saturating_sub(bookkeeping));
+        if let Some(ran) = run.ran {
+            self.latency.observe_unit(&ran, time.saturating_sub(run.bookkeeping));
+            stats.train_units_stopped += u64::from(ran.layers < taken.layers);
+        }
         stats.train_units_total += 1;
         stats.train_seconds_total += time.as_secs_f64();
         stats.train_units_beside_requests += u64::from(beside_requests);

@@ -38,7 +38,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::EngineError;
 
 pub use api::{EngineStats, Event, LatencyKindStats, Request, SubmitError, TokenLogprobs, Usage};
-pub use coserve::{CoServe, SloTargets, TrainingPolicy};
+pub use coserve::{CoServe, SloTargets, TrainingPolicy, UnitRun};
 pub use plan::{Chunk, StepCost, StepPlan};
 
 /// Sizes and limits of the serving engine.

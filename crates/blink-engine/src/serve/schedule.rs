@@ -302,6 +302,11 @@ impl Scheduler {
         plan.admitted.push(id);
     }
 
+    /// The prompt tokens a step with `decoding` decode rows may take.
+    pub(super) fn prompt_budget(&self, decoding: usize) -> usize {
+        self.policy.prompt_budget(&self.load(decoding))
+    }
+
     fn load(&self, decoding: usize) -> Load {
         Load { running: self.running.len(), max_running: self.cfg.max_running, decoding, step_tokens: self.cfg.step_tokens }
     }

@@ -7,13 +7,15 @@
 //!
 //! With a co-served trainer (`cotrain`), each step's slack is offered to it before the
 //! pass, and the unit it takes runs after the step's output has been folded back and its
-//! tokens sent; a step with no inference rows is the trainer's alone.
+//! tokens sent; a step with no inference rows is the trainer's alone, and its unit stops at
+//! a layer boundary if a request is submitted meanwhile.
 //!
 //! Each step is timed: its wall time (from the end of the previous pass to the end of its
 //! own, training units left out) and its pass. `f_ctrl = 1 − pass/wall` is the share the
 //! serving stack adds to the critical path.
 
 use std::sync::mpsc::Receiver;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,6 +40,9 @@ pub(super) struct StepLoop {
     plan: StepPlan,
     next: StepPlan,
     train: CoTraining,
+    /// Requests submitted and not yet admitted (those the scheduler has not taken from
+    /// its commands yet among them): a co-served unit stops when one comes.
+    occupancy: Arc<Occupancy>,
 }
 
 impl StepLoop {
@@ -57,13 +62,20 @@ impl StepLoop {
         let plan = || StepPlan::with_capacity(max_rows, cfg.max_running, cfg.max_loras);
         let (plan, next) = (plan(), plan());
         let train = CoTraining::new(&cfg, coserve);
-        let sched = Scheduler::new(cfg, commands, stats, occupancy, Box::new(FirstComeFirstServed), exec.runner.kv());
-        Ok(StepLoop { eog, exec, sched, plan, next, train })
+        let sched = Scheduler::new(cfg, commands, stats, occupancy.clone(), Box::new(FirstComeFirstServed), exec.runner.kv());
+        Ok(StepLoop { eog, exec, sched, plan, next, train, occupancy })
     }
 
     /// Tokens the whole cache holds.
     pub(super) fn capacity_tokens(&self) -> usize {
         self.exec.runner.kv().capacity_tokens()
+    }
+
+    /// Whether a request has been submitted since the scheduler last looked (one more
+    /// waits than its queue holds): asked between the layers of a co-served unit.
+    fn arrival_watch(&self) -> impl Fn() -> bool {
+        let (occupancy, queued) = (self.occupancy.clone(), self.sched.waiting() as u64);
+        move || occupancy.waiting.load(Ordering::Acquire) > queued
     }
 
     /// Serve until told to stop (or every handle is gone and the work is done).
@@ -89,7 +101,8 @@ impl StepLoop {
             if self.plan.rows.is_empty() {
                 planned = false;
                 if self.train.offer(&self.sched, None) {
-                    self.train.run(self.exec.runner.pool(), false, &mut self.sched.stats);
+                    let arrived = self.arrival_watch();
+                    self.train.run(self.exec.runner.pool(), false, &arrived, &mut self.sched.stats);
                 } else if self.sched.running.is_empty() && self.sched.outbox.is_empty() && (!self.sched.idle() || self.train.has_work()) {
                     // Requests that do not fit yet, or training that does not fit the time
                     // it may have: wait for a command instead of spinning.
@@ -126,7 +139,8 @@ impl StepLoop {
                         // The step's tokens go out first; the unit's time is not the
                         // serving stack's, so the next step's wall time starts after it.
                         self.sched.send_events();
-                        self.train.run(self.exec.runner.pool(), true, &mut self.sched.stats);
+                        let arrived = self.arrival_watch();
+                        self.train.run(self.exec.runner.pool(), true, &arrived, &mut self.sched.stats);
                         started = Instant::now();
                     }
                     std::mem::swap(&mut self.plan, &mut self.next);

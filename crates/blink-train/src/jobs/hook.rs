@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use blink_engine::serve::latency::{UnitCost, UnitKind};
-use blink_engine::serve::CoServe;
+use blink_engine::serve::{CoServe, UnitRun};
 use blink_model::train;
 use blink_runtime::numa::NodePool;
 
@@ -32,8 +32,9 @@ impl CoServe for CoServedJobs {
         self.executor.offer(free, &|a| price(&cost_of(a))).map(|a| cost_of(&a))
     }
 
-    fn run(&mut self, pool: &NodePool) -> Duration {
-        self.executor.run(pool)
+    fn run(&mut self, pool: &NodePool, stop: &dyn Fn() -> bool) -> UnitRun {
+        let (ran, bookkeeping) = self.executor.run(pool, stop);
+        UnitRun { ran: ran.map(|a| cost_of(&a)), bookkeeping }
     }
 }
 

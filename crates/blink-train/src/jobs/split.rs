@@ -34,7 +34,7 @@ impl SplitTrainer {
             while executor.wait() {
                 while executor.offer(Duration::from_secs(3600), &price).is_some() {
                     let t = Instant::now();
-                    executor.run(&pool);
+                    executor.run(&pool, &|| false);
                     if share < 1.0 {
                         std::thread::sleep(t.elapsed().mul_f64((1.0 - share) / share));
                     }

@@ -1,5 +1,6 @@
 //! The executor side of the jobs: it holds the run the worker handed over and runs its
-//! units, each sized to the time it is offered, on whatever pool it is lent. Between
+//! units, each sized to the time it is offered, on whatever pool it is lent, and cut
+//! short at a layer boundary when whoever lent the pool wants it back. Between
 //! units it reads the job's control flags (a cancel stops at once; a pause at the next
 //! commit point, so no finished step is thrown away), and at each commit point that is
 //! due it takes the run's state and reports it, for the worker to write.
@@ -159,23 +160,32 @@ impl Executor {
         accepted
     }
 
-    /// Run the unit last accepted on `pool`; then commit, finish or fail as the run says.
-    /// Returns the time the commit took (none if there was none).
-    pub fn run(&mut self, pool: &NodePool) -> Duration {
-        let (Some(accepted), Some(a)) = (self.accepted.take(), self.active.as_mut()) else { return Duration::ZERO };
-        let outcome = a.run.run_unit(pool, accepted.layers.max(1));
+    /// Run the unit last accepted on `pool`, one layer at a time, leaving the rest of its
+    /// layers for a later unit as soon as `stop` says so; then commit, finish or fail as
+    /// the run says. Returns what ran (`None`: nothing) and the time the commit took (zero
+    /// if there was none).
+    pub fn run(&mut self, pool: &NodePool, stop: &dyn Fn() -> bool) -> (Option<Accepted>, Duration) {
+        let (Some(accepted), Some(a)) = (self.accepted.take(), self.active.as_mut()) else { return (None, Duration::ZERO) };
+        let outcome = a.run.run_unit_until(pool, accepted.layers.max(1), stop);
         let t = Instant::now();
-        match outcome {
-            Ok(Outcome::Finished) => self.finish(),
-            Ok(_) => {
+        let ran = match outcome {
+            Ok((Outcome::Finished, _)) => {
+                self.finish();
+                None
+            }
+            Ok((_, layers)) => {
                 self.commit_if_due();
                 if self.active.as_ref().is_some_and(|a| a.run.is_finished()) {
                     self.finish();
                 }
+                Some(Accepted { layers, ..accepted })
             }
-            Err(e) => self.fail(e.to_string()),
-        }
-        t.elapsed()
+            Err(e) => {
+                self.fail(e.to_string());
+                None
+            }
+        };
+        (ran, t.elapsed())
     }
 
     /// At a commit point where a checkpoint is due or an epoch has ended since the last

@@ -4,7 +4,8 @@
 //! few layers at a time; an epoch's end adds the evaluation batches' forward units and
 //! heads. The units give the same bits however they are cut. Whoever drives the run asks
 //! for the next unit ([`Finetune::next_unit`], to size it) and runs it
-//! ([`Finetune::run_unit`]).
+//! ([`Finetune::run_unit`], or [`Finetune::run_unit_until`], which may stop it at any layer
+//! boundary).
 
 use std::ops::Deref;
 
@@ -169,6 +170,30 @@ impl<H: Deref<Target = Model>> Finetune<H> {
                 Ok(Outcome::Evaluated { epoch: self.state.epoch - 1, loss, accuracy })
             }
             Pos::Done => Ok(Outcome::Finished),
+        }
+    }
+
+    /// Run the next unit on `pool` as [`Self::run_unit`] does, but one layer at a time,
+    /// asking `stop` after each whether to leave the rest for a later unit (a unit over
+    /// layers runs at least one; a loss head runs whole). Returns what the last layer's
+    /// run gave and the layers run (0 for a head, or when the run is over).
+    pub fn run_unit_until(&mut self, pool: &NodePool, max_layers: usize, stop: &dyn Fn() -> bool) -> Result<(Outcome, usize), FinetuneError> {
+        let layers = match self.next_unit()? {
+            None => return Ok((Outcome::Finished, 0)),
+            Some(Unit::Batch(shape)) => shape.layers,
+            Some(Unit::GradNorm { layers, .. } | Unit::Optimizer { layers, .. }) => layers,
+        };
+        if layers == 0 {
+            return Ok((self.run_unit(pool, 1)?, 0));
+        }
+        let want = max_layers.clamp(1, layers);
+        let mut done = 0;
+        loop {
+            let outcome = self.run_unit(pool, 1)?;
+            done += 1;
+            if done == want || stop() {
+                return Ok((outcome, done));
+            }
         }
     }
 
