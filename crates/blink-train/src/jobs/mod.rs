@@ -20,6 +20,7 @@
 //! written from the checkpoint's loss curve, after it, skipping steps already logged.
 
 mod hook;
+mod messages;
 mod split;
 mod units;
 mod worker;
@@ -154,7 +155,7 @@ pub fn fine_tuned_name(spec: &JobSpec, job_id: &str) -> String {
 /// The fine-tuning jobs of a server.
 pub struct JobService {
     shared: Arc<worker::Shared>,
-    worker: Mutex<mpsc::Sender<worker::Msg>>,
+    worker: Mutex<mpsc::Sender<messages::Msg>>,
 }
 
 impl JobService {
@@ -178,7 +179,7 @@ impl JobService {
     }
 
     fn notify(&self) {
-        let _ = self.worker.lock().unwrap_or_else(|p| p.into_inner()).send(worker::Msg::Wake);
+        let _ = self.worker.lock().unwrap_or_else(|p| p.into_inner()).send(messages::Msg::Wake);
     }
 
     /// A new job: `spec.model` must name the base model and its files must be uploaded
@@ -287,6 +288,6 @@ impl JobService {
 
 impl Drop for JobService {
     fn drop(&mut self) {
-        let _ = self.worker.lock().unwrap_or_else(|p| p.into_inner()).send(worker::Msg::Stop);
+        let _ = self.worker.lock().unwrap_or_else(|p| p.into_inner()).send(messages::Msg::Stop);
     }
 }

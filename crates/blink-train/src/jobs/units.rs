@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use blink_model::Model;
 use blink_runtime::numa::NodePool;
 
-use super::worker::{Control, Msg, Report};
+use super::messages::{Control, Msg, Report};
 use crate::checkpoint::TrainState;
 use crate::run::{Finetune, Outcome, Unit};
 

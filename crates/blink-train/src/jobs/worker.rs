@@ -6,13 +6,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use blink_model::lora::{self, LoraTensors, PeftMeta};
 use serde_json::{json, Value};
 
+use super::messages::{Control, Msg, Report};
 use super::units::{Active, Executor};
 use super::{fine_tuned_name, AdapterSink, BaseModel, CheckpointRecord, JobSettings};
 use crate::checkpoint::{self, TrainState};
@@ -58,55 +59,6 @@ impl Shared {
     pub fn committed_tokens(&self) -> u64 {
         self.committed.load(Ordering::Relaxed)
     }
-}
-
-/// What the HTTP side asks of a job the executor may be running; read at unit bounds.
-#[derive(Default, Debug)]
-pub(crate) struct Control {
-    pause: AtomicBool,
-    cancel: AtomicBool,
-}
-
-impl Control {
-    pub fn pause(&self) {
-        self.pause.store(true, Ordering::Release);
-    }
-
-    pub fn cancel(&self) {
-        self.cancel.store(true, Ordering::Release);
-    }
-
-    pub fn paused(&self) -> bool {
-        self.pause.load(Ordering::Acquire)
-    }
-
-    pub fn cancelled(&self) -> bool {
-        self.cancel.load(Ordering::Acquire)
-    }
-
-    fn unpause(&self) {
-        self.pause.store(false, Ordering::Release);
-    }
-}
-
-/// What reaches the worker.
-pub(crate) enum Msg {
-    /// Something changed in the store (a new job, a pause, a resume...).
-    Wake,
-    Stop,
-    Report(Report),
-}
-
-/// What the executor reports about the job it runs.
-pub(crate) enum Report {
-    /// A step to commit: the run's state at a commit point, and the epoch that ended
-    /// with it, if one did.
-    Commit { id: String, state: Box<TrainState>, epoch_ended: Option<u64> },
-    /// The run is over; its adapter.
-    Finished { id: String, params: Box<LoraTensors>, trained_tokens: u64 },
-    Failed { id: String, error: String },
-    /// The executor let the job go (paused or cancelled).
-    Released { id: String },
 }
 
 /// Start the worker; returns its mailbox and the executor it feeds.
