@@ -60,6 +60,10 @@ enum Command {
     Calibrate(cmd::calibrate::Args),
     /// Show a model's architecture, hyper-parameters, tensor types and tokenizer.
     Info(cmd::info::Args),
+    /// Measure this device for the ring planner (JSON): products, memory, disk.
+    Profile(cmd::profile::Args),
+    /// Plan a ring of devices for a model (cluster.toml): windows, rounds, time per token.
+    Plan(cmd::plan::Args),
 }
 
 /// llama.cpp's multi-letter short options that mean something here, in clap's spelling
@@ -104,6 +108,8 @@ fn main() {
         Command::Tokenize(a) => cmd::tokenize::main(a),
         Command::Perplexity(a) => cmd::perplexity::main(a),
         Command::Info(a) => cmd::info::main(a),
+        Command::Profile(a) => cmd::profile::main(a),
+        Command::Plan(a) => cmd::plan::main(a),
         Command::Finetune(a) => cmd::finetune::main(a),
         Command::Calibrate(a) => cmd::calibrate::main(a),
         Command::Bench(a) => cmd::bench::main(a),

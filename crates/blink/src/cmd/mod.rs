@@ -9,6 +9,8 @@ pub mod client;
 pub mod finetune;
 pub mod info;
 pub mod perplexity;
+pub mod plan;
+pub mod profile;
 pub mod replay;
 pub mod run;
 pub mod serve;

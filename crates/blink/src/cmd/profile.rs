@@ -1,0 +1,31 @@
+//! `blink profile`: this device's figures for the ring planner, as JSON: one-row product
+//! rates of each weight type the model uses, memory bandwidth, the memory this process
+//! may use (within a cgroup's limit), and the rate its disk reads the model file.
+
+use crate::common::{load_model, CliResult, ComputeArgs, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    compute: ComputeArgs,
+}
+
+pub fn main(args: Args) -> CliResult {
+    let path = args.model.path()?;
+    let threads = args.compute.threads()?;
+    let loaded = load_model(&args.model, Some(&args.compute))?;
+    let pool = loaded.model.pool(threads)?;
+    let profile = blink_cluster::profile::measure(&loaded.model, &pool, &path, &cpu_name())?;
+    outln!("{}", serde_json::to_string_pretty(&profile)?)?;
+    Ok(())
+}
+
+/// The CPU's model name, as /proc/cpuinfo gives it.
+fn cpu_name() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
