@@ -23,10 +23,10 @@ const REPEATS: usize = 5;
 /// The most of the model's file the disk measurement reads.
 const DISK_BYTES: u64 = 256 << 20;
 
-/// Profile this device with `model` on `pool`, reading the disk at `disk_file` (the
-/// model's file, whose cached pages are dropped first).
-pub fn measure(model: &Model, pool: &NodePool, disk_file: &Path, cpu: &str) -> std::io::Result<Profile> {
-    let disk = disk_read_rate(disk_file)?;
+/// Profile this device with `model` on `pool`; `disk` is [`disk_read_rate`] of the
+/// model's file, measured before the model was loaded (a file this process maps keeps
+/// its pages cached, and reading it would time the page cache).
+pub fn measure(model: &Model, pool: &NodePool, disk: f64, cpu: &str) -> std::io::Result<Profile> {
     let bandwidth = blink_runtime::bandwidth::triad_gbs(pool.n_threads())? * 1e9;
     let mem = memory_now();
     Ok(Profile {
@@ -97,8 +97,9 @@ fn product_rates(model: &Model, pool: &NodePool) -> BTreeMap<String, f64> {
 }
 
 /// Bytes per second read from `path` with its cached pages dropped first (up to
-/// [`DISK_BYTES`] of it, in 4 MiB reads).
-fn disk_read_rate(path: &Path) -> std::io::Result<f64> {
+/// [`DISK_BYTES`] of it, in 4 MiB reads). Pages some process maps stay cached, so call
+/// it before mapping the file.
+pub fn disk_read_rate(path: &Path) -> std::io::Result<f64> {
     let mut f = File::open(path)?;
     let len = f.metadata()?.len().min(DISK_BYTES);
     // SAFETY: a plain advice call on an open descriptor; failure only leaves pages cached.

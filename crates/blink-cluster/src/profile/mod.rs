@@ -5,7 +5,7 @@
 mod measure;
 mod memory;
 
-pub use measure::measure;
+pub use measure::{disk_read_rate, measure};
 pub use memory::memory_now;
 
 use std::collections::BTreeMap;

@@ -70,44 +70,37 @@ fn head_bytes_by_type(gguf: &blink_gguf::GgufFile) -> BTreeMap<String, u64> {
 }
 
 fn cluster_of(file: &ClusterFile, model: ModelShape, by_type: &BTreeMap<String, u64>, head_by_type: BTreeMap<String, u64>, max_rounds: usize) -> CliResult<Cluster> {
+    let which = |i: usize| format!("device {} ({})", i + 1, file.devices[i].name);
+    let profiles = (0..file.devices.len()).map(|i| read_profile(file, i).map_err(|e| format!("{}: {e}", which(i)))).collect::<Result<Vec<_>, _>>()?;
     let mut devices = Vec::with_capacity(file.devices.len());
-    let mut head_s = None;
-    for (i, d) in file.devices.iter().enumerate() {
-        let which = format!("device {} ({})", i + 1, d.name);
-        let Some(path) = &d.profile else {
-            return Err(format!("{which}: no profile (run `blink profile -m MODEL > {}.json` on it and name the file in its entry: profile = \"...\")", d.name).into());
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{which}: its profile {}: {e}", path.display()))?;
-        let profile: Profile = serde_json::from_str(&text).map_err(|e| format!("{which}: its profile {}: {e}", path.display()))?;
-        profile.check().map_err(|e| format!("{which}: its profile {}: {e}", path.display()))?;
-        let link = d.link.or_else(|| i.checked_sub(1).and_then(|p| measured_link(file, p, d.addr.as_deref()))).ok_or_else(|| format!("{which}: no figures for the link into it (give latency_ms and mbps in its entry)"))?;
-        devices.push(profile.device(&d.name, by_type, d.memory, link).map_err(|e| format!("{which}: {e}"))?);
-        if file.head == Some(i) {
-            head_s = Some(profile.layer_seconds(&head_by_type).map_err(|e| format!("{which}: {e}"))?);
-        }
+    for (i, (d, profile)) in file.devices.iter().zip(&profiles).enumerate() {
+        // The link into a device: as the file gives it, else as the device before it measured it.
+        let measured = i.checked_sub(1).and_then(|p| profiles[p].peers.iter().find(|l| Some(l.addr.as_str()) == d.addr.as_deref()));
+        let link = d
+            .link
+            .or(measured.map(|l| Link { latency_s: l.latency_s, bytes_per_s: l.bytes_per_s }))
+            .ok_or_else(|| format!("{}: no figures for the link into it (give latency_ms and mbps in its entry)", which(i)))?;
+        devices.push(profile.device(&d.name, by_type, d.memory, link).map_err(|e| format!("{}: {e}", which(i)))?);
     }
     let head_link = match file.head {
         Some(h) => devices[h].link,
         None => file.head_link.ok_or("the head holds no window: give the link back into it (head_latency_ms and head_mbps)")?,
     };
-    // Without a head entry, the head's own work is priced on the first device's profile.
-    let head_s = match head_s {
-        Some(s) => s,
-        None => {
-            let first = file.devices[0].profile.as_ref().expect("checked above");
-            let profile: Profile = serde_json::from_str(&std::fs::read_to_string(first)?)?;
-            profile.layer_seconds(&head_by_type)?
-        }
-    };
+    // The head's own work, priced on its entry's profile (without one, the first device's).
+    let head_s = profiles[file.head.unwrap_or(0)].layer_seconds(&head_by_type)?;
     Ok(Cluster { model, devices, head: file.head, head_link, head_s, max_rounds })
 }
 
-/// The link into the device at `addr` as the previous device's profile measured it.
-fn measured_link(file: &ClusterFile, prev: usize, addr: Option<&str>) -> Option<Link> {
-    let addr = addr?;
-    let text = std::fs::read_to_string(file.devices[prev].profile.as_ref()?).ok()?;
-    let profile: Profile = serde_json::from_str(&text).ok()?;
-    profile.peers.iter().find(|p| p.addr == addr).map(|p| Link { latency_s: p.latency_s, bytes_per_s: p.bytes_per_s })
+/// Device `i`'s profile, from the file its entry names.
+fn read_profile(file: &ClusterFile, i: usize) -> CliResult<Profile> {
+    let d = &file.devices[i];
+    let Some(path) = &d.profile else {
+        return Err(format!("no profile (run `blink profile -m MODEL > {}.json` on it and name the file in its entry: profile = \"...\")", d.name).into());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("its profile {}: {e}", path.display()))?;
+    let profile: Profile = serde_json::from_str(&text).map_err(|e| format!("its profile {}: {e}", path.display()))?;
+    profile.check().map_err(|e| format!("its profile {}: {e}", path.display()))?;
+    Ok(profile)
 }
 
 fn plan_json(c: &Cluster, plan: &Plan, fixed: bool) -> serde_json::Value {

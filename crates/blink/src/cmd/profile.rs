@@ -15,9 +15,11 @@ pub struct Args {
 pub fn main(args: Args) -> CliResult {
     let path = args.model.path()?;
     let threads = args.compute.threads()?;
+    // The disk first: once the model is loaded, its file's pages stay cached.
+    let disk = blink_cluster::profile::disk_read_rate(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let loaded = load_model(&args.model, Some(&args.compute))?;
     let pool = loaded.model.pool(threads)?;
-    let profile = blink_cluster::profile::measure(&loaded.model, &pool, &path, &cpu_name())?;
+    let profile = blink_cluster::profile::measure(&loaded.model, &pool, disk, &cpu_name())?;
     outln!("{}", serde_json::to_string_pretty(&profile)?)?;
     Ok(())
 }
