@@ -11,10 +11,13 @@
 //!   mixed-integer program (checked against exhaustive search);
 //! - [`profile`]: a device's measured figures, as `blink profile` prints them.
 
+pub mod auth;
 pub mod config;
+pub mod link;
 pub mod placement;
 pub mod plan;
 pub mod profile;
+pub mod wire;
 
 pub use config::{ClusterFile, ConfigError, DeviceEntry};
 pub use placement::{Place, Ring};

@@ -28,7 +28,7 @@ pub use forward::{AdapterSlot, ForwardError, RowKind, Scratch, Step, StepInput, 
 pub use kv_cache::{KvCache, KvType, SeqId};
 pub use rope::Rope;
 pub use parallel::tensor::{TensorPart, TensorPlacement, TensorSplit};
-pub use weights::Weights;
+pub use weights::{Share, Weights};
 
 /// Why a model could not be loaded.
 #[derive(Debug, Error)]
@@ -64,6 +64,7 @@ pub struct Model {
     pub parts: Vec<Weights>,
     placement: TensorPlacement,
     file: Arc<GgufFile>,
+    share: Share,
 }
 
 impl Model {
@@ -74,6 +75,12 @@ impl Model {
 
     /// Build the model for `placement`: flat, or split over its NUMA nodes.
     pub fn from_gguf_placed(file: Arc<GgufFile>, placement: &TensorPlacement) -> Result<Model, ModelError> {
+        Self::from_gguf_share(file, placement, Share::all())
+    }
+
+    /// Build the model for `placement`, holding the layers `share` names (a ring device's
+    /// windows) and placing their matrices as it says. Steps over other layers are refused.
+    pub fn from_gguf_share(file: Arc<GgufFile>, placement: &TensorPlacement, share: Share) -> Result<Model, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
         weights::check_layer_count(&file, &cfg)?;
         if placement.numa && placement.n_parts() > forward::MAX_PARTS {
@@ -85,8 +92,8 @@ impl Model {
             .map(|node| if placement.numa { Home::Node { topology: &placement.topology, node } } else { Home::Shared })
             .collect();
         let used = weights::Used::default();
-        let rope_freqs = Loader::new(&file, isa, Home::Shared, &used).rope_freqs(&cfg)?;
-        let load = |part: &parallel::tensor::TensorPart, home: Home| Weights::load(&Loader::new(&file, isa, home, &used), &cfg, part);
+        let rope_freqs = Loader::new(&file, isa, Home::Shared, &used, share.mapped).rope_freqs(&cfg)?;
+        let load = |part: &parallel::tensor::TensorPart, home: Home| Weights::load(&Loader::new(&file, isa, home, &used, share.mapped), &cfg, part, &share);
         let parts = if placement.numa {
             // Each node's part is loaded by a thread on that node, all at once: its pages
             // are first touched there, so they are local even where binding is refused
@@ -111,10 +118,10 @@ impl Model {
         } else {
             split.parts.iter().zip(&homes).map(|(part, &home)| load(part, home)).collect::<Result<Vec<_>, _>>()?
         };
-        used.check_all(&file)?;
+        used.check_all(&file, &share)?;
         weights::release_copied(&file, &parts);
         let rope = Rope::new(&cfg.rope, rope_freqs);
-        Ok(Model { cfg, rope, split, parts, placement: placement.clone(), file })
+        Ok(Model { cfg, rope, split, parts, placement: placement.clone(), file, share })
     }
 
     /// Open, validate and load the GGUF file at `path` (flat).
@@ -125,6 +132,11 @@ impl Model {
     /// The file the model was loaded from.
     pub fn file(&self) -> &Arc<GgufFile> {
         &self.file
+    }
+
+    /// Which layers this process holds, and how.
+    pub fn share(&self) -> &Share {
+        &self.share
     }
 
     /// How the model is spread over the machine.

@@ -133,7 +133,37 @@ pub struct Weights {
     pub output_norm: Vector,
     /// The part's vocabulary rows of the LM head.
     pub output: Matrix,
-    pub layers: Vec<LayerWeights>,
+    /// Per model layer, its weights if this process holds it (a ring device holds only
+    /// its windows; see [`Share`]).
+    pub layers: Vec<Option<LayerWeights>>,
+}
+
+/// Which of a file's tensors a process loads: every layer (one machine), or a ring
+/// device's windows of layers, with the matrices repacked for the kernels or left in the
+/// file's map (so that a window can be streamed from disk and released).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Share {
+    /// The layer windows held; `None` holds every layer.
+    pub windows: Option<Vec<Range<usize>>>,
+    /// Leave every matrix in the file's map, row-major, rather than repack it.
+    pub mapped: bool,
+}
+
+impl Share {
+    /// Every layer, as the kernels like it.
+    pub fn all() -> Share {
+        Share::default()
+    }
+
+    /// Only `windows` of layers.
+    pub fn windows(windows: Vec<Range<usize>>, mapped: bool) -> Share {
+        Share { windows: Some(windows), mapped }
+    }
+
+    /// Whether model layer `layer` is held.
+    pub fn holds(&self, layer: usize) -> bool {
+        self.windows.as_ref().is_none_or(|w| w.iter().any(|r| r.contains(&layer)))
+    }
 }
 
 /// Where a part's copies go.
@@ -152,6 +182,8 @@ pub(crate) struct Loader<'a> {
     home: Home<'a>,
     arena: Arena<'a>,
     used: &'a Used,
+    /// Leave matrices in the file's map rather than repack them.
+    mapped: bool,
 }
 
 /// The names of the tensors the loaders read, so that a tensor none of them reads (a bias
@@ -161,9 +193,11 @@ pub(crate) struct Used(Mutex<HashSet<String>>);
 
 impl Used {
     /// Refuse `file` if it holds a tensor no loader read (llama.cpp refuses such a file too).
-    pub(crate) fn check_all(&self, file: &GgufFile) -> Result<(), ModelError> {
+    /// Tensors of layers the process does not hold are left to the process that does.
+    pub(crate) fn check_all(&self, file: &GgufFile, share: &Share) -> Result<(), ModelError> {
         let used = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match file.tensors().iter().find(|t| !used.contains(&t.name)) {
+        let held = |name: &str| layer_of(name).is_none_or(|l| share.holds(l));
+        match file.tensors().iter().find(|t| held(&t.name) && !used.contains(&t.name)) {
             Some(t) => Err(ModelError::Unsupported(format!("tensor '{}', which this engine does not use (a feature of the model it lacks)", t.name))),
             None => Ok(()),
         }
@@ -171,12 +205,12 @@ impl Used {
 }
 
 impl<'a> Loader<'a> {
-    pub(crate) fn new(file: &'a Arc<GgufFile>, isa: Isa, home: Home<'a>, used: &'a Used) -> Loader<'a> {
+    pub(crate) fn new(file: &'a Arc<GgufFile>, isa: Isa, home: Home<'a>, used: &'a Used, mapped: bool) -> Loader<'a> {
         let node = match home {
             Home::Shared => None,
             Home::Node { topology, node } => Some((topology, node)),
         };
-        Loader { file, isa, home, arena: Arena::new(node), used }
+        Loader { file, isa, home, arena: Arena::new(node), used, mapped }
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
@@ -222,7 +256,7 @@ impl<'a> Loader<'a> {
         let rb = data.len() / rows.max(1);
         let slice = &data[range.start * rb..range.end * rb];
         let n = range.len();
-        let packed = if for_products { gemm::prepare(self.isa, info.ty, n, cols, slice) } else { None };
+        let packed = if for_products && !self.mapped { gemm::prepare(self.isa, info.ty, n, cols, slice) } else { None };
         let (layout, blob) = match (packed, self.home) {
             (Some(p), _) => (Layout::Packed, self.place(&p)?),
             (None, Home::Shared) if n == rows => (Layout::RowMajor, Blob::mapped(slice, self.file)),
@@ -275,8 +309,9 @@ impl<'a> Loader<'a> {
 }
 
 impl Weights {
-    /// Locate, check and place `part`'s share of every tensor `cfg` needs.
-    pub(crate) fn load(ld: &Loader, cfg: &ModelConfig, part: &TensorPart) -> Result<Weights, ModelError> {
+    /// Locate, check and place `part`'s share of every tensor `cfg` needs, of the layers
+    /// `share` holds.
+    pub(crate) fn load(ld: &Loader, cfg: &ModelConfig, part: &TensorPart, share: &Share) -> Result<Weights, ModelError> {
         let (d, q, kv, ff, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff, cfg.head_dim);
         let vocab = cfg.vocab_size;
         let qr = part.q_heads.start * hd..part.q_heads.end * hd;
@@ -291,6 +326,9 @@ impl Weights {
         let qk_norm = cfg.arch == Arch::Qwen3;
         let layers = (0..cfg.n_layers)
             .map(|i| {
+                if !share.holds(i) {
+                    return Ok(None);
+                }
                 let n = |s: &str| format!("blk.{i}.{s}");
                 let bias = |s: &str, len, r: &Range<usize>| -> Result<Option<Vector>, ModelError> {
                     if biased {
@@ -306,7 +344,7 @@ impl Weights {
                         Ok(None)
                     }
                 };
-                Ok(LayerWeights {
+                Ok(Some(LayerWeights {
                     attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
                     wq: ld.rows(&n("attn_q.weight"), d, q, qr.clone(), true)?,
                     wk: ld.rows(&n("attn_k.weight"), d, kv, kvr.clone(), true)?,
@@ -321,16 +359,29 @@ impl Weights {
                     w_gate: ld.rows(&n("ffn_gate.weight"), d, ff, part.ff_rows.clone(), true)?,
                     w_up: ld.rows(&n("ffn_up.weight"), d, ff, part.ff_rows.clone(), true)?,
                     w_down: ld.rows(&n("ffn_down.weight"), ff, d, part.embd_rows.clone(), true)?,
-                })
+                }))
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(Weights { token_embd, output_norm, output, layers })
     }
 
-    /// The matrices one decode step multiplies, with the LM head last.
+    /// Layer `l`'s weights; the forward pass runs only layers the process holds (checked
+    /// before a step runs).
+    #[inline]
+    pub fn layer(&self, l: usize) -> &LayerWeights {
+        self.layers[l].as_ref().expect("a step runs only the layers its process holds")
+    }
+
+    /// Whether every layer in `layers` is held.
+    pub fn holds(&self, layers: Range<usize>) -> bool {
+        layers.into_iter().all(|l| self.layers.get(l).is_some_and(Option::is_some))
+    }
+
+    /// The matrices one decode step multiplies over the held layers, with the LM head last.
     pub fn product_matrices(&self) -> impl Iterator<Item = &Matrix> {
         self.layers
             .iter()
+            .flatten()
             .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
             .chain(std::iter::once(&self.output))
     }
@@ -340,11 +391,15 @@ impl Weights {
 /// tensors disagree (llama.cpp refuses such a file too, having used fewer tensors than it
 /// holds), and running the first layers alone would give wrong text without a word.
 pub(crate) fn check_layer_count(file: &GgufFile, cfg: &ModelConfig) -> Result<(), ModelError> {
-    let layer_of = |name: &str| name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok();
     match file.tensors().iter().find(|t| layer_of(&t.name).is_some_and(|l| l >= cfg.n_layers)) {
         Some(t) => Err(ModelError::BadConfig(format!("block_count is {}, but the file holds tensor '{}' of a later layer", cfg.n_layers, t.name))),
         None => Ok(()),
     }
+}
+
+/// The layer a tensor named `blk.{layer}.…` belongs to.
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok()
 }
 
 /// Release the file's pages of every matrix all parts hold their own copies of: every

@@ -41,6 +41,8 @@ pub enum ForwardError {
     TooManyRows { rows: usize, logits: usize, max_rows: usize, max_logits: usize },
     #[error("layers {layers:?} are not a window of the model's {n_layers} layers")]
     BadWindow { layers: Range<usize>, n_layers: usize },
+    #[error("the step runs layers {layers:?}, some of which this process does not hold")]
+    LayersNotHeld { layers: Range<usize> },
     #[error("the step runs layers {step:?} but the KV cache holds layers {cache:?}")]
     WindowNotCached { step: Range<usize>, cache: Range<usize> },
     #[error("{got} hidden-state values given for {rows} rows of {n_embd}")]
@@ -130,6 +132,9 @@ impl Model {
         let layers = step.layers.clone();
         if layers.start > layers.end || layers.end > n_layers {
             return Err(ForwardError::BadWindow { layers, n_layers });
+        }
+        if !self.parts.iter().all(|w| w.holds(layers.clone())) {
+            return Err(ForwardError::LayersNotHeld { layers });
         }
         if let Some(cache) = kv.layouts().next().map(|l| l.layers()) {
             if !layers.is_empty() && (layers.start < cache.start || layers.end > cache.end) {

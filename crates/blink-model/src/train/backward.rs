@@ -28,7 +28,7 @@ impl Run<'_> {
     /// of its input.
     pub(super) unsafe fn layer_backward(&self, l: usize, s: &Saved, pairs: &[Option<PairView>; 7]) {
         let cfg = &self.model.cfg;
-        let lw = &self.model.parts[0].layers[l];
+        let lw = self.model.parts[0].layer(l);
         let (n, eps, wv) = (self.n, cfg.norm_eps, self.w);
         let pair = |t: LoraTarget| pairs[t.index()].as_ref();
         let kept = |t: LoraTarget| s.lora[t.index()];

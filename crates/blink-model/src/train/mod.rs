@@ -164,7 +164,10 @@ impl<H: Deref<Target = Model>> Trainer<H> {
             return Err(TrainError::Unsupported("a model split over NUMA nodes (train on a flat placement)".into()));
         }
         let w = &model.parts[0];
-        if w.layers.iter().any(|l| l.q_norm.is_some() || l.k_norm.is_some()) {
+        if !w.holds(0..cfg.n_layers) {
+            return Err(TrainError::Unsupported("a model holding only some of its layers (a ring device's share)".into()));
+        }
+        if w.layers.iter().flatten().any(|l| l.q_norm.is_some() || l.k_norm.is_some()) {
             return Err(TrainError::Unsupported(format!("the per-head Q/K norms of {}", cfg.arch.name())));
         }
         let max_tokens = max_tokens.max(1);

@@ -46,7 +46,7 @@ fn file_type_name(ft: u32) -> &'static str {
 pub fn file_type_of(model: &blink_model::Model) -> String {
     match model.file().opt_u32("general.file_type") {
         Ok(Some(ft)) => file_type_name(ft).to_string(),
-        _ => model.parts[0].layers.first().map_or("unknown".into(), |l| l.wq.ty.name().to_string()),
+        _ => model.parts[0].layers.iter().flatten().next().map_or("unknown".into(), |l| l.wq.ty.name().to_string()),
     }
 }
 

@@ -162,7 +162,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         self.rope_angles(w, me);
         w.global_barrier();
         for l in self.layers.clone() {
-            let lw = &me.w.layers[l];
+            let lw = me.w.layer(l);
             self.attention_in(w, me, l, lw);
             if self.model.split.shares_kv {
                 w.group_barrier();

@@ -1,0 +1,293 @@
+//! The messages of the ring protocol, and their payloads.
+//!
+//! A connection starts with a handshake (`Hello`, `Challenge`, `Proof`, then `Ready` or
+//! `Refused`; see [`crate::auth`]). The head then sends each node an `Assign`, which the
+//! node answers with `Ready` once its windows are loaded, or `Refused`. After that, steps
+//! go round the ring as `Step` frames, a node reports a step it could not run with
+//! `Failed`, and `Ping`/`Pong` show a quiet peer is alive.
+
+use blink_model::RowKind;
+
+use super::codec::{Reader, Writer};
+use super::WireError;
+
+/// Who is connecting: the head (to give orders and collect results) or a peer node
+/// (to pass steps on round the ring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Head,
+    Peer,
+}
+
+/// What the head tells a node it holds, and where the ring goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assign {
+    /// SHA-256 of the model file; a node whose copy differs refuses.
+    pub model_sha256: [u8; 32],
+    /// Every device's window, in ring order, and the rounds.
+    pub windows: Vec<u32>,
+    pub rounds: u32,
+    /// This node's index in ring order.
+    pub me: u32,
+    /// The head's index when it holds windows itself.
+    pub head: Option<u32>,
+    /// Every device's `host:port` in ring order (the head's entry is empty).
+    pub addrs: Vec<String>,
+    /// Tokens the node's caches hold over all sequences, most rows in a step, and the
+    /// bound on positions.
+    pub kv_tokens: u32,
+    pub max_rows: u32,
+    pub max_ctx: u32,
+    /// The cache's element type: 0 f16, 1 f32.
+    pub kv_f32: bool,
+    /// Compute threads the node should use (0: its own choice).
+    pub threads: u32,
+}
+
+/// A change to a sequence's cache, applied by every device before the step carrying it
+/// enters the device's first window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheOp {
+    /// Keep the sequence's first `len` tokens.
+    Truncate { seq: u32, len: u32 },
+    /// Forget the sequence.
+    Release { seq: u32 },
+}
+
+/// One row of a step as it travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireRow {
+    pub seq: u32,
+    pub pos: u32,
+    pub kind: RowKind,
+}
+
+/// A step on its way round the ring: its rows' hidden states entering layer
+/// `first_layer`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepFrame {
+    /// The head's number for the step (a micro-batch in flight).
+    pub id: u64,
+    pub first_layer: u32,
+    pub ops: Vec<CacheOp>,
+    pub rows: Vec<WireRow>,
+    /// `rows × n_embd` values.
+    pub hidden: Vec<f32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Hello { role: Role, nonce: [u8; 32] },
+    Challenge { nonce: [u8; 32], proof: [u8; 32] },
+    Proof { proof: [u8; 32] },
+    Refused { reason: String },
+    Assign(Assign),
+    Ready,
+    Step(StepFrame),
+    Failed { id: u64, reason: String },
+    Ping { at: u64 },
+    Pong { at: u64 },
+}
+
+const HELLO: u8 = 1;
+const CHALLENGE: u8 = 2;
+const PROOF: u8 = 3;
+const REFUSED: u8 = 4;
+const ASSIGN: u8 = 5;
+const READY: u8 = 6;
+const STEP: u8 = 7;
+const FAILED: u8 = 8;
+const PING: u8 = 9;
+const PONG: u8 = 10;
+
+pub(super) fn known_kind(kind: u8) -> bool {
+    (HELLO..=PONG).contains(&kind)
+}
+
+fn kind_byte(k: RowKind) -> u8 {
+    match k {
+        RowKind::Prompt => 0,
+        RowKind::Decode => 1,
+        RowKind::Training => 2,
+    }
+}
+
+fn row_kind(b: u8) -> Result<RowKind, WireError> {
+    match b {
+        0 => Ok(RowKind::Prompt),
+        1 => Ok(RowKind::Decode),
+        2 => Ok(RowKind::Training),
+        _ => Err(WireError::Invalid(format!("row kind {b}"))),
+    }
+}
+
+impl Message {
+    pub(super) fn kind(&self) -> u8 {
+        match self {
+            Message::Hello { .. } => HELLO,
+            Message::Challenge { .. } => CHALLENGE,
+            Message::Proof { .. } => PROOF,
+            Message::Refused { .. } => REFUSED,
+            Message::Assign(_) => ASSIGN,
+            Message::Ready => READY,
+            Message::Step(_) => STEP,
+            Message::Failed { .. } => FAILED,
+            Message::Ping { .. } => PING,
+            Message::Pong { .. } => PONG,
+        }
+    }
+
+    /// A short name for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "hello",
+            Message::Challenge { .. } => "challenge",
+            Message::Proof { .. } => "proof",
+            Message::Refused { .. } => "refused",
+            Message::Assign(_) => "assign",
+            Message::Ready => "ready",
+            Message::Step(_) => "step",
+            Message::Failed { .. } => "failed",
+            Message::Ping { .. } => "ping",
+            Message::Pong { .. } => "pong",
+        }
+    }
+
+    pub(super) fn write(&self, w: &mut Writer) {
+        match self {
+            Message::Hello { role, nonce } => {
+                w.u8(match role {
+                    Role::Head => 1,
+                    Role::Peer => 2,
+                });
+                w.bytes32(nonce);
+            }
+            Message::Challenge { nonce, proof } => {
+                w.bytes32(nonce);
+                w.bytes32(proof);
+            }
+            Message::Proof { proof } => w.bytes32(proof),
+            Message::Refused { reason } => w.str(reason),
+            Message::Assign(a) => {
+                w.bytes32(&a.model_sha256);
+                w.u32(a.windows.len() as u32);
+                for &x in &a.windows {
+                    w.u32(x);
+                }
+                w.u32(a.rounds);
+                w.u32(a.me);
+                w.u32(a.head.unwrap_or(u32::MAX));
+                w.u32(a.addrs.len() as u32);
+                for s in &a.addrs {
+                    w.str(s);
+                }
+                w.u32(a.kv_tokens);
+                w.u32(a.max_rows);
+                w.u32(a.max_ctx);
+                w.u8(u8::from(a.kv_f32));
+                w.u32(a.threads);
+            }
+            Message::Ready => {}
+            Message::Step(s) => {
+                w.u64(s.id);
+                w.u32(s.first_layer);
+                w.u32(s.ops.len() as u32);
+                for op in &s.ops {
+                    match *op {
+                        CacheOp::Truncate { seq, len } => {
+                            w.u8(0);
+                            w.u32(seq);
+                            w.u32(len);
+                        }
+                        CacheOp::Release { seq } => {
+                            w.u8(1);
+                            w.u32(seq);
+                            w.u32(0);
+                        }
+                    }
+                }
+                w.u32(s.rows.len() as u32);
+                for r in &s.rows {
+                    w.u32(r.seq);
+                    w.u32(r.pos);
+                    w.u8(kind_byte(r.kind));
+                }
+                w.f32s(&s.hidden);
+            }
+            Message::Failed { id, reason } => {
+                w.u64(*id);
+                w.str(reason);
+            }
+            Message::Ping { at } | Message::Pong { at } => w.u64(*at),
+        }
+    }
+
+    pub(super) fn read(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
+        let mut r = Reader::new(payload);
+        let msg = match kind {
+            HELLO => {
+                let role = match r.u8("hello")? {
+                    1 => Role::Head,
+                    2 => Role::Peer,
+                    b => return Err(WireError::Invalid(format!("role {b}"))),
+                };
+                Message::Hello { role, nonce: r.bytes32("hello")? }
+            }
+            CHALLENGE => Message::Challenge { nonce: r.bytes32("challenge")?, proof: r.bytes32("challenge")? },
+            PROOF => Message::Proof { proof: r.bytes32("proof")? },
+            REFUSED => Message::Refused { reason: r.str("refusal")? },
+            ASSIGN => {
+                let model_sha256 = r.bytes32("assignment")?;
+                let n = r.count(4, "windows")?;
+                let windows = (0..n).map(|_| r.u32("windows")).collect::<Result<Vec<_>, _>>()?;
+                let rounds = r.u32("assignment")?;
+                let me = r.u32("assignment")?;
+                let head = Some(r.u32("assignment")?).filter(|&h| h != u32::MAX);
+                let n = r.count(4, "addresses")?;
+                let addrs = (0..n).map(|_| r.str("addresses")).collect::<Result<Vec<_>, _>>()?;
+                let kv_tokens = r.u32("assignment")?;
+                let max_rows = r.u32("assignment")?;
+                let max_ctx = r.u32("assignment")?;
+                let kv_f32 = match r.u8("assignment")? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(WireError::Invalid(format!("cache type {b}"))),
+                };
+                let threads = r.u32("assignment")?;
+                Message::Assign(Assign { model_sha256, windows, rounds, me, head, addrs, kv_tokens, max_rows, max_ctx, kv_f32, threads })
+            }
+            READY => Message::Ready,
+            STEP => {
+                let id = r.u64("step")?;
+                let first_layer = r.u32("step")?;
+                let n = r.count(9, "cache commands")?;
+                let mut ops = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let (op, seq, len) = (r.u8("cache commands")?, r.u32("cache commands")?, r.u32("cache commands")?);
+                    ops.push(match op {
+                        0 => CacheOp::Truncate { seq, len },
+                        1 => CacheOp::Release { seq },
+                        b => return Err(WireError::Invalid(format!("cache command {b}"))),
+                    });
+                }
+                let n = r.count(9, "rows")?;
+                let mut rows = Vec::with_capacity(n);
+                for _ in 0..n {
+                    rows.push(WireRow { seq: r.u32("rows")?, pos: r.u32("rows")?, kind: row_kind(r.u8("rows")?)? });
+                }
+                let mut hidden = Vec::new();
+                r.f32s_into(&mut hidden, "hidden states")?;
+                if !rows.is_empty() && hidden.len() % rows.len() != 0 {
+                    return Err(WireError::Invalid(format!("{} hidden values for {} rows", hidden.len(), rows.len())));
+                }
+                Message::Step(StepFrame { id, first_layer, ops, rows, hidden })
+            }
+            FAILED => Message::Failed { id: r.u64("failure")?, reason: r.str("failure")? },
+            PING => Message::Ping { at: r.u64("ping")? },
+            PONG => Message::Pong { at: r.u64("pong")? },
+            k => return Err(WireError::Kind(k)),
+        };
+        r.finish(msg.name())?;
+        Ok(msg)
+    }
+}
