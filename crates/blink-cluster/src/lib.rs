@@ -13,11 +13,14 @@
 
 pub mod auth;
 pub mod config;
+pub mod head;
 pub mod link;
+pub mod node;
 pub mod placement;
 pub mod plan;
 pub mod profile;
 pub mod wire;
+pub mod windows;
 
 pub use config::{ClusterFile, ConfigError, DeviceEntry};
 pub use placement::{Place, Ring};

@@ -19,7 +19,7 @@ use thiserror::Error;
 
 pub use loader::{LoadError, Loaded};
 pub use sampling::{Sampler, SamplingParams, MAX_REPEAT_LAST_N};
-pub use runner::{Runner, RunnerConfig};
+pub use runner::{Runner, RunnerConfig, Steps};
 pub use session::{FinishReason, GenerateParams, Generation, Session, SessionConfig};
 
 /// Why a request could not be served. Messages are one line, fit for users.
@@ -48,6 +48,9 @@ pub enum EngineError {
     Forward(ForwardError),
     #[error(transparent)]
     Kv(#[from] KvError),
+    /// Another device running part of the model (a ring's node) failed the step.
+    #[error("{0}")]
+    Remote(String),
 }
 
 impl EngineError {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blink_gguf::{GgufError, GgufFile};
-use blink_model::{Model, ModelError, TensorPlacement};
+use blink_model::{Model, ModelError, Share, TensorPlacement};
 use blink_text::{ChatTemplate, TemplateError, Tokenizer, TokenizerError};
 use thiserror::Error;
 
@@ -48,13 +48,18 @@ impl Loaded {
     /// Open and validate the GGUF file at `path`, then load the model for `placement`, its
     /// tokenizer and its chat template (the kernel path must already be fixed).
     pub fn load(path: &Path, placement: &TensorPlacement) -> Result<Loaded, LoadError> {
-        Self::load_parts(path, placement).map_err(|reason| LoadError { path: path.to_owned(), reason })
+        Self::load_share(path, placement, Share::all())
     }
 
-    fn load_parts(path: &Path, placement: &TensorPlacement) -> Result<Loaded, LoadFailure> {
+    /// As [`Loaded::load`], holding only the layers `share` names (a ring's head).
+    pub fn load_share(path: &Path, placement: &TensorPlacement, share: Share) -> Result<Loaded, LoadError> {
+        Self::load_parts(path, placement, share).map_err(|reason| LoadError { path: path.to_owned(), reason })
+    }
+
+    fn load_parts(path: &Path, placement: &TensorPlacement, share: Share) -> Result<Loaded, LoadFailure> {
         let file = Arc::new(GgufFile::open(path)?);
         // The architecture first: it is the most basic thing a file can get wrong.
-        let model = Model::from_gguf_placed(file.clone(), placement)?;
+        let model = Model::from_gguf_share(file.clone(), placement, share)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let (template, warning) = ChatTemplate::from_gguf_or_chatml(&file)?;
         let warnings = warning.into_iter().map(|w| format!("{}: {w}", path.display())).collect();

@@ -9,9 +9,44 @@ use std::time::Duration;
 use blink_runtime::numa::NodePool;
 use blink_model::kv_cache::KvBlocks;
 use blink_model::lora::LoraMix;
-use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, Step, StepRow};
+use blink_model::{ForwardError, KvCache, KvType, Model, Scratch, SeqId, Step, StepRow};
 
 use crate::EngineError;
+
+/// Where a sequence's steps run: this process's [`Runner`], or a ring of devices (a
+/// cluster's head). Sessions run on either, and give the same tokens.
+pub trait Steps {
+    /// A new, empty sequence with `tokens` tokens of room.
+    fn new_seq(&mut self, tokens: usize) -> Result<SeqId, EngineError>;
+    /// Keep the first `len` tokens of `seq`.
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError>;
+    /// Run `rows` through the whole model, the rows' adapter slots indexing `adapters`.
+    fn run_with(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<(), EngineError>;
+    /// Logits of the `i`-th row of the last step that asked for them.
+    fn logits_mut(&mut self, i: usize) -> &mut [f32];
+}
+
+impl<M: Deref<Target = Model>> Steps for Runner<M> {
+    fn new_seq(&mut self, tokens: usize) -> Result<SeqId, EngineError> {
+        let seq = self.kv.new_seq();
+        // Taking the blocks now keeps the steps free of allocations (the memory itself is
+        // still touched lazily).
+        self.kv.reserve(seq, tokens)?;
+        Ok(seq)
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+        Ok(self.kv.truncate(seq, len)?)
+    }
+
+    fn run_with(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<(), EngineError> {
+        Runner::run_with(self, rows, adapters)
+    }
+
+    fn logits_mut(&mut self, i: usize) -> &mut [f32] {
+        self.scratch.logits_mut(i)
+    }
+}
 
 /// Sizes of a runner.
 #[derive(Clone, Debug)]

@@ -11,7 +11,7 @@ use blink_model::lora::LoraMix;
 use blink_model::{AdapterSlot, KvType, Model, RowKind, SeqId, StepRow};
 use blink_text::{TextStream, Tokenizer};
 
-use crate::runner::{Runner, RunnerConfig};
+use crate::runner::{Runner, RunnerConfig, Steps};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::EngineError;
 
@@ -74,9 +74,10 @@ pub struct Generation {
     pub gen_time: Duration,
 }
 
-/// One sequence's cache and compute resources.
-pub struct Session<'m> {
-    runner: Runner<&'m Model>,
+/// One sequence's cache and compute resources: a runner of this process
+/// ([`Session::new`]), or any other place steps run ([`Session::over`]).
+pub struct Session<S: Steps> {
+    runner: S,
     seq: SeqId,
     /// Tokens whose keys and values are in the cache.
     tokens: Vec<u32>,
@@ -88,10 +89,10 @@ pub struct Session<'m> {
     adapters: Vec<Arc<LoraMix>>,
 }
 
-impl<'m> Session<'m> {
+impl<'m> Session<Runner<&'m Model>> {
     /// A session with its own cache of `cfg.n_ctx` tokens; fails if there is no memory for
     /// it.
-    pub fn new(model: &'m Model, cfg: &SessionConfig) -> Result<Session<'m>, EngineError> {
+    pub fn new(model: &'m Model, cfg: &SessionConfig) -> Result<Session<Runner<&'m Model>>, EngineError> {
         let n_ctx = cfg.n_ctx.max(1);
         let n_batch = cfg.n_batch.clamp(1, n_ctx);
         let runner_cfg = RunnerConfig {
@@ -103,12 +104,18 @@ impl<'m> Session<'m> {
             max_ctx: n_ctx,
             detached: false,
         };
-        let mut runner = Runner::new(model, &runner_cfg)?;
-        let kv = runner.kv_mut();
-        let seq = kv.new_seq();
-        // The one sequence owns the whole cache; taking its blocks now keeps decoding
-        // free of allocations (the memory itself is still touched lazily).
-        kv.reserve(seq, n_ctx).expect("a fresh cache holds its own size");
+        // The one sequence owns the whole cache.
+        Session::over(Runner::new(model, &runner_cfg)?, n_ctx, n_batch)
+    }
+}
+
+impl<S: Steps> Session<S> {
+    /// A session of `n_ctx` tokens whose steps, of at most `n_batch` prompt tokens, run
+    /// on `runner`.
+    pub fn over(mut runner: S, n_ctx: usize, n_batch: usize) -> Result<Session<S>, EngineError> {
+        let n_ctx = n_ctx.max(1);
+        let n_batch = n_batch.clamp(1, n_ctx);
+        let seq = runner.new_seq(n_ctx)?;
         Ok(Session {
             runner,
             seq,
@@ -130,7 +137,7 @@ impl<'m> Session<'m> {
             _ => false,
         };
         if !same {
-            self.runner.kv_mut().truncate(self.seq, 0)?;
+            self.runner.truncate(self.seq, 0)?;
             self.tokens.clear();
             self.adapters = mix.into_iter().collect();
         }
@@ -147,8 +154,8 @@ impl<'m> Session<'m> {
     }
 
     /// Logits after the last evaluated token.
-    pub fn logits(&self) -> &[f32] {
-        self.runner.scratch().logits(0)
+    pub fn logits(&mut self) -> &[f32] {
+        self.runner.logits_mut(0)
     }
 
     /// Make the cache hold exactly `prompt`, reusing its longest common prefix, and leave
@@ -163,7 +170,7 @@ impl<'m> Session<'m> {
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         // The last prompt token is always evaluated, to produce fresh logits.
         let keep = common.min(prompt.len() - 1);
-        self.runner.kv_mut().truncate(self.seq, keep)?;
+        self.runner.truncate(self.seq, keep)?;
         self.tokens.truncate(keep);
         let rest = &prompt[keep..];
         for chunk in rest.chunks(self.n_batch) {
@@ -224,7 +231,7 @@ impl<'m> Session<'m> {
                 finish = FinishReason::Stop;
                 break;
             }
-            let token = sampler.sample(self.runner.kv_and_scratch().1.logits_mut(0));
+            let token = sampler.sample(self.runner.logits_mut(0));
             sampler.accept(token);
             if tok.is_eog(token) && !params.ignore_eos {
                 finish = FinishReason::Stop;

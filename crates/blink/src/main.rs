@@ -64,6 +64,8 @@ enum Command {
     Profile(cmd::profile::Args),
     /// Plan a ring of devices for a model (cluster.toml): windows, rounds, time per token.
     Plan(cmd::plan::Args),
+    /// Serve as one device of a ring: hold the layers a head assigns and run its steps.
+    Node(cmd::node::Args),
 }
 
 /// llama.cpp's multi-letter short options that mean something here, in clap's spelling
@@ -110,6 +112,7 @@ fn main() {
         Command::Info(a) => cmd::info::main(a),
         Command::Profile(a) => cmd::profile::main(a),
         Command::Plan(a) => cmd::plan::main(a),
+        Command::Node(a) => cmd::node::main(a),
         Command::Finetune(a) => cmd::finetune::main(a),
         Command::Calibrate(a) => cmd::calibrate::main(a),
         Command::Bench(a) => cmd::bench::main(a),

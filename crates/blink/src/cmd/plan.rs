@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long = "cache-type", default_value = "f16", value_parser = parse_kv_type)]
     cache_type: KvType,
     /// The most rounds of windows to consider.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = DEFAULT_MAX_ROUNDS)]
     max_rounds: usize,
     /// Print the plan as one JSON object.
     #[arg(long)]
@@ -41,13 +41,7 @@ pub fn main(args: Args) -> CliResult {
     let gguf = args.model.open()?;
     let cfg = ModelConfig::from_gguf(&gguf)?;
     let ctx = cfg.context_for(args.ctx);
-    let kv_bytes = match args.cache_type {
-        KvType::F16 => 2,
-        KvType::F32 => 4,
-    };
-    let model = ModelShape::of(&gguf, &cfg, ctx, kv_bytes);
-    let by_type = layer_bytes_by_type(&gguf, cfg.n_layers);
-    let cluster = cluster_of(&file, model, &by_type, head_bytes_by_type(&gguf), args.max_rounds)?;
+    let cluster = cluster_for(&file, &gguf, &cfg, ctx, args.cache_type, args.max_rounds)?;
     let plan = match &file.fixed {
         Some((windows, rounds)) => {
             let predicted = cluster.predict(windows, *rounds)?;
@@ -60,6 +54,28 @@ pub fn main(args: Args) -> CliResult {
         return Ok(());
     }
     print_plan(&cluster, &plan, file.fixed.is_some(), ctx)
+}
+
+/// The ring to run: the file's fixed plan as it stands, or the planner's choice (which
+/// needs every device's profile).
+pub fn ring_of(file: &ClusterFile, gguf: &blink_gguf::GgufFile, cfg: &ModelConfig, ctx: usize, kv: KvType) -> CliResult<Ring> {
+    match &file.fixed {
+        Some((windows, rounds)) => Ok(Ring::new(windows.clone(), *rounds)?),
+        None => Ok(cluster_for(file, gguf, cfg, ctx, kv, DEFAULT_MAX_ROUNDS)?.plan()?.ring),
+    }
+}
+
+const DEFAULT_MAX_ROUNDS: usize = 8;
+
+/// The planner's view of the file's devices running the model at context `ctx`.
+fn cluster_for(file: &ClusterFile, gguf: &blink_gguf::GgufFile, cfg: &ModelConfig, ctx: usize, kv: KvType, max_rounds: usize) -> CliResult<Cluster> {
+    let kv_bytes = match kv {
+        KvType::F16 => 2,
+        KvType::F32 => 4,
+    };
+    let model = ModelShape::of(gguf, cfg, ctx, kv_bytes);
+    let by_type = layer_bytes_by_type(gguf, cfg.n_layers);
+    cluster_of(file, model, &by_type, head_bytes_by_type(gguf), max_rounds)
 }
 
 /// The output head's bytes by type (the tensors outside the blocks that a token's last

@@ -1,12 +1,14 @@
 //! `blink run`: complete one prompt, print only the generated text on stdout.
 
 use std::io::Write;
+use std::path::PathBuf;
 
-use blink_engine::{GenerateParams, Session};
+use blink_engine::{GenerateParams, Generation, Session, Steps};
 use blink_text::chat_template::ChatMessage;
+use blink_text::{ChatTemplate, Tokenizer};
 
 use crate::lora_args::LoraArgs;
-use crate::common::{chat_prompt, load_model, rate, CliResult, ComputeArgs, ModelArgs, PromptArgs, SamplingArgs};
+use crate::common::{load_model, rate, CliResult, ComputeArgs, ModelArgs, PromptArgs, SamplingArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -37,32 +39,54 @@ pub struct Args {
     lora: LoraArgs,
     #[command(flatten)]
     compute: ComputeArgs,
+    /// Run on a ring of devices (`blink node`s) as this file describes; this process is
+    /// the head.
+    #[arg(long, value_name = "CLUSTER.toml")]
+    cluster: Option<PathBuf>,
 }
 
 pub fn main(args: Args) -> CliResult {
     let text = args.prompt.text()?;
-    let loaded = load_model(&args.model, Some(&args.compute))?;
-    // As llama-cli: a model without a chat template (a base model) completes the prompt.
-    let raw = args.raw || loaded.template.is_none();
-    if raw && !args.raw {
-        eprintln!("blink: the model has no chat template: completing the prompt as is (as --raw)");
-    }
-    let prompt = if raw {
-        loaded.tokenizer.encode(&text, true, true)
-    } else {
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(ChatMessage::new("system", system));
+    if let Some(path) = &args.cluster {
+        if !args.lora.lora.is_empty() || !args.lora.lora_scaled.is_empty() {
+            return Err("adapters are not served on a ring yet: drop --lora with --cluster".into());
         }
-        messages.push(ChatMessage::new("user", &text));
-        chat_prompt(&loaded, &messages)?
-    };
+        let head = super::cluster::start(path, &args.model, &args.compute)?;
+        let prompt = prompt_tokens(&args, &text, &head.tokenizer, head.template.as_ref())?;
+        let session = Session::over(head.ring, head.n_ctx, head.n_batch)?;
+        return complete(&args, session, &head.tokenizer, &prompt, head.n_ctx);
+    }
+    let loaded = load_model(&args.model, Some(&args.compute))?;
+    let prompt = prompt_tokens(&args, &text, &loaded.tokenizer, loaded.template.as_ref())?;
     let cfg = args.compute.session_config(&loaded.model)?;
     let mut session = Session::new(&loaded.model, &cfg)?;
     session.set_adapter(args.lora.load(&loaded.model)?)?;
+    complete(&args, session, &loaded.tokenizer, &prompt, cfg.n_ctx)
+}
+
+/// The prompt's tokens: as is with `--raw` (or for a model without a chat template, as
+/// llama-cli does: a base model completes the prompt), else the user's message (and the
+/// system's) in the chat template.
+fn prompt_tokens(args: &Args, text: &str, tokenizer: &Tokenizer, template: Option<&ChatTemplate>) -> CliResult<Vec<u32>> {
+    let Some(template) = template.filter(|_| !args.raw) else {
+        if !args.raw {
+            eprintln!("blink: the model has no chat template: completing the prompt as is (as --raw)");
+        }
+        return Ok(tokenizer.encode(text, true, true));
+    };
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage::new("system", system));
+    }
+    messages.push(ChatMessage::new("user", text));
+    Ok(template.prompt_tokens(tokenizer, &messages)?)
+}
+
+/// Generate the completion of `prompt` on `session`, streaming it to stdout.
+fn complete<S: Steps>(args: &Args, mut session: Session<S>, tokenizer: &Tokenizer, prompt: &[u32], n_ctx: usize) -> CliResult {
     let params = GenerateParams {
         max_tokens: crate::common::max_tokens(args.max_tokens)?,
-        sampling: args.sampling.params(cfg.n_ctx)?,
+        sampling: args.sampling.params(n_ctx)?,
         stop: args.stop.iter().map(|s| args.prompt.unescape("a stop text", s.clone())).collect::<CliResult<_>>()?,
         ignore_eos: args.ignore_eos,
         interrupt: None,
@@ -70,7 +94,7 @@ pub fn main(args: Args) -> CliResult {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut write_err = None;
-    let generation = session.generate(&loaded.tokenizer, &prompt, &params, &mut |text| {
+    let generation: Generation = session.generate(tokenizer, prompt, &params, &mut |text| {
         if write_err.is_none() {
             if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
                 write_err = Some(e);
@@ -83,7 +107,7 @@ pub fn main(args: Args) -> CliResult {
     }
     let _ = writeln!(out);
     if generation.context_full {
-        eprintln!("blink: stopped: the context of {} tokens is full", cfg.n_ctx);
+        eprintln!("blink: stopped: the context of {n_ctx} tokens is full");
     }
     eprintln!(
         "blink: prompt {}; generated {}; finish: {}",

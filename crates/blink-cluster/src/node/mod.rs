@@ -1,0 +1,223 @@
+//! `blink node`: one device of a ring.
+//!
+//! The node listens, proves the ring's token to whoever connects and has them prove it
+//! too. A head's connection brings an assignment: the ring's windows and rounds, this
+//! node's place in it and the model's hash. The node checks the hash against its own
+//! copy of the file, loads its windows and answers `Ready`. Steps then arrive from the
+//! head (the first window of a round) or from the device before it, run on a compute
+//! thread of their own, and go on to the device holding the next layer, or back to the
+//! head after the last. A new head's assignment replaces the old one; a head that goes
+//! away takes its assignment with it.
+//!
+//! Network reading and writing run on a tokio runtime; the compute thread only computes.
+
+mod compute;
+mod router;
+
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use blink_gguf::GgufFile;
+use blink_model::config::ModelConfig;
+use blink_model::{KvType, Model, Share, TensorPlacement};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc as tmpsc;
+
+use crate::auth::{self, Token};
+use crate::link::{self, FrameReader, FrameWriter};
+use crate::placement::Ring;
+use crate::wire::{Assign, Message, Role, StepFrame};
+use crate::windows::{WindowSizes, Windows};
+use router::{Dest, Outgoing};
+
+/// How a node is started.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// `host:port` to listen on (port 0: any free port, printed at start).
+    pub listen: String,
+    pub token: Token,
+    pub model: PathBuf,
+    /// Compute threads, unless the head's assignment names a number.
+    pub threads: usize,
+    /// The largest frame accepted from an authenticated peer.
+    pub max_frame: usize,
+}
+
+/// How long a head may take to send its assignment after connecting.
+const ASSIGN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The current assignment: where steps go in, and which head it belongs to.
+struct Assigned {
+    head_conn: u64,
+    work: mpsc::Sender<StepFrame>,
+}
+
+struct Node {
+    opts: NodeOptions,
+    sha256: [u8; 32],
+    file: Arc<GgufFile>,
+    n_layers: usize,
+    assigned: Mutex<Option<Assigned>>,
+    out: tmpsc::UnboundedSender<Outgoing>,
+}
+
+/// Run a node until the process ends. Errors are what stops it from starting (the model
+/// file, the address); everything after that is logged and survived.
+pub fn serve(opts: NodeOptions) -> Result<(), String> {
+    let file = Arc::new(GgufFile::open(&opts.model).map_err(|e| format!("{}: {e}", opts.model.display()))?);
+    let cfg = ModelConfig::from_gguf(&file).map_err(|e| format!("{}: {e}", opts.model.display()))?;
+    let sha256 = auth::file_sha256(&opts.model).map_err(|e| format!("{}: {e}", opts.model.display()))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("the network runtime: {e}"))?;
+    rt.block_on(async move {
+        let listener = TcpListener::bind(&opts.listen).await.map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
+        let local = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!("blink node: listening on {local} (model {}, sha256 {})", opts.model.display(), auth::hex(&sha256));
+        let (out, out_rx) = tmpsc::unbounded_channel();
+        tokio::spawn(router::run(out_rx, opts.token.clone(), out.clone()));
+        let node = Arc::new(Node { n_layers: cfg.n_layers, opts, sha256, file, assigned: Mutex::new(None), out });
+        let mut conns = 0u64;
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("blink node: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            conns += 1;
+            tokio::spawn(node.clone().connection(stream, peer.to_string(), conns));
+        }
+    })
+}
+
+impl Node {
+    async fn connection(self: Arc<Self>, stream: TcpStream, peer: String, conn: u64) {
+        let (r, w, role) = match link::accept(stream, &self.opts.token, self.opts.max_frame).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("blink node: refused {peer}: {e}");
+                return;
+            }
+        };
+        match role {
+            Role::Head => self.head(r, w, &peer, conn).await,
+            Role::Peer => self.peer(r, &peer).await,
+        }
+    }
+
+    /// A head's connection: its assignment, then its steps until it goes away.
+    async fn head(self: Arc<Self>, mut r: FrameReader, mut w: FrameWriter, peer: &str, conn: u64) {
+        let assign = match r.read_within(ASSIGN_TIMEOUT).await {
+            Ok(Message::Assign(a)) => a,
+            Ok(m) => return w.refuse(&format!("expected an assignment, got {}", m.name())).await,
+            Err(e) => return eprintln!("blink node: head {peer}: {e}"),
+        };
+        let me = self.clone();
+        let loaded = tokio::task::spawn_blocking(move || me.load(&assign)).await.unwrap_or_else(|e| Err(format!("loading panicked: {e}")));
+        let (windows, route) = match loaded {
+            Ok(l) => l,
+            Err(reason) => {
+                eprintln!("blink node: refused the assignment of head {peer}: {reason}");
+                return w.refuse(&reason).await;
+            }
+        };
+        if let Err(e) = w.send(&Message::Ready).await {
+            return eprintln!("blink node: head {peer}: {e}");
+        }
+        let layers: Vec<_> = windows.layers().collect();
+        eprintln!("blink node: head {peer} assigned layers {layers:?}");
+        let (work, work_rx) = mpsc::channel();
+        let _ = self.out.send(Outgoing::Head { writer: w, conn, addrs: route.addrs.clone() });
+        let out = self.out.clone();
+        let spawned = std::thread::Builder::new().name("blink-node-compute".into()).spawn(move || compute::run(windows, route, work_rx, out));
+        if let Err(e) = spawned {
+            return eprintln!("blink node: cannot start the compute thread: {e}");
+        }
+        *self.assigned.lock().unwrap_or_else(|e| e.into_inner()) = Some(Assigned { head_conn: conn, work });
+        loop {
+            match r.read().await {
+                Ok(Message::Step(frame)) => self.submit(frame),
+                Ok(Message::Ping { at }) => {
+                    let _ = self.out.send(Outgoing::Send(Dest::Head, Message::Pong { at }));
+                }
+                Ok(m) => eprintln!("blink node: head {peer} sent {}; ignored", m.name()),
+                Err(e) => {
+                    eprintln!("blink node: head {peer}: {e}; dropping its assignment");
+                    break;
+                }
+            }
+        }
+        let mut assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
+        if assigned.as_ref().is_some_and(|a| a.head_conn == conn) {
+            // Dropping the sender ends the compute thread once it has drained its queue.
+            *assigned = None;
+        }
+    }
+
+    /// A peer's connection: steps passed on round the ring.
+    async fn peer(self: Arc<Self>, mut r: FrameReader, peer: &str) {
+        loop {
+            match r.read().await {
+                Ok(Message::Step(frame)) => self.submit(frame),
+                Ok(m) => eprintln!("blink node: peer {peer} sent {}; ignored", m.name()),
+                Err(link::LinkError::Closed) => return,
+                Err(e) => return eprintln!("blink node: peer {peer}: {e}; closing its connection"),
+            }
+        }
+    }
+
+    fn submit(&self, frame: StepFrame) {
+        let assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
+        match assigned.as_ref() {
+            Some(a) => {
+                let _ = a.work.send(frame);
+            }
+            None => {
+                let _ = self.out.send(Outgoing::Send(Dest::Head, Message::Failed { id: frame.id, reason: "this node has no assignment".into() }));
+            }
+        }
+    }
+
+    /// Check an assignment and load its windows.
+    fn load(&self, a: &Assign) -> Result<(Windows, compute::Route), String> {
+        if a.model_sha256 != self.sha256 {
+            return Err(format!(
+                "model hash mismatch: this node's {} has sha256 {}, the head's model {}",
+                self.opts.model.display(),
+                auth::hex(&self.sha256),
+                auth::hex(&a.model_sha256)
+            ));
+        }
+        let n = a.windows.len();
+        if a.addrs.len() != n || a.me as usize >= n || a.head.is_some_and(|h| h as usize >= n || h == a.me) {
+            return Err(format!("an assignment of {n} windows, {} addresses, this node at {} and the head at {:?} is not a ring", a.addrs.len(), a.me, a.head));
+        }
+        let ring = Ring::new(a.windows.iter().map(|&w| w as usize).collect(), a.rounds as usize).map_err(|e| e.to_string())?;
+        if ring.n_layers() != self.n_layers {
+            return Err(format!("the ring runs {} layers, the model has {}", ring.n_layers(), self.n_layers));
+        }
+        let me = a.me as usize;
+        let windows = ring.device_windows(me);
+        if windows.is_empty() {
+            return Err("this node holds no window in the assignment".into());
+        }
+        if a.max_rows == 0 || a.max_ctx == 0 {
+            return Err("an assignment with no room for rows or positions".into());
+        }
+        let threads = if a.threads > 0 { a.threads as usize } else { self.opts.threads };
+        let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), false)).map_err(|e| e.to_string())?;
+        let sizes = WindowSizes {
+            threads,
+            kv_tokens: a.kv_tokens as usize,
+            kv_type: if a.kv_f32 { KvType::F32 } else { KvType::F16 },
+            max_rows: a.max_rows as usize,
+            max_logit_rows: 1,
+            max_ctx: a.max_ctx as usize,
+        };
+        let windows = Windows::new(Arc::new(model), &windows, sizes)?;
+        let route = compute::Route { ring, me, head: a.head.map(|h| h as usize), addrs: a.addrs.clone() };
+        Ok((windows, route))
+    }
+}

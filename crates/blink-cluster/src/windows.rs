@@ -1,0 +1,149 @@
+//! A device's windows of layers and the steps it runs over them.
+//!
+//! Each window has its own KV cache (a device holds non-consecutive windows when the ring
+//! has several rounds, and a cache holds consecutive layers). Sequences are named by the
+//! head's numbers on the wire; each cache keeps its own numbering, and the map between
+//! them. The head runs its entry (the embedding: tokens in, hidden states out, over no
+//! layer) and exit (hidden states in, logits out) as windows of no layers here too.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use blink_model::kv_cache::SeqId;
+use blink_model::{KvCache, KvType, Model, Scratch, Step, StepInput, StepOutput, StepRow};
+use blink_runtime::numa::NodePool;
+
+use crate::wire::{CacheOp, StepFrame};
+
+/// Sizes of a device's windows.
+#[derive(Clone, Copy, Debug)]
+pub struct WindowSizes {
+    pub threads: usize,
+    /// Tokens each window's cache holds over all sequences.
+    pub kv_tokens: usize,
+    pub kv_type: KvType,
+    /// Most rows in a step, and of those most with logits (the head's exit).
+    pub max_rows: usize,
+    pub max_logit_rows: usize,
+    pub max_ctx: usize,
+}
+
+struct Window {
+    layers: Range<usize>,
+    kv: KvCache,
+    /// The head's sequence numbers to this cache's.
+    seqs: HashMap<u32, SeqId>,
+}
+
+/// A model holding some windows, their caches, the pool and buffers.
+pub struct Windows {
+    model: Arc<Model>,
+    pool: NodePool,
+    scratch: Scratch,
+    windows: Vec<Window>,
+    rows: Vec<StepRow>,
+}
+
+impl Windows {
+    /// Caches for `windows` (which `model` must hold) and a pool of `sizes.threads`.
+    pub fn new(model: Arc<Model>, windows: &[Range<usize>], sizes: WindowSizes) -> Result<Windows, String> {
+        let threads = sizes.threads.max(1);
+        let windows = windows
+            .iter()
+            .map(|w| {
+                let kv = model.try_new_kv_cache_for(w.clone(), sizes.kv_tokens.max(1), sizes.kv_type).map_err(|e| format!("a KV cache for layers {w:?}: {e}"))?;
+                Ok(Window { layers: w.clone(), kv, seqs: HashMap::new() })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let scratch = Scratch::try_new(&model, sizes.max_rows, sizes.max_logit_rows, sizes.max_ctx, threads).map_err(|e| format!("step buffers: {e}"))?;
+        let pool = model.pool(threads).map_err(|e| e.to_string())?;
+        Ok(Windows { model, pool, scratch, windows, rows: Vec::with_capacity(sizes.max_rows) })
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The windows, in the order the device runs them.
+    pub fn layers(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        self.windows.iter().map(|w| w.layers.clone())
+    }
+
+    /// Apply cache commands to every window.
+    pub fn apply(&mut self, ops: &[CacheOp]) -> Result<(), String> {
+        for w in &mut self.windows {
+            for op in ops {
+                match *op {
+                    CacheOp::Truncate { seq, len } => {
+                        if let Some(&local) = w.seqs.get(&seq) {
+                            w.kv.truncate(local, len as usize).map_err(|e| format!("sequence {seq}: {e}"))?;
+                        }
+                    }
+                    CacheOp::Release { seq } => {
+                        if let Some(local) = w.seqs.remove(&seq) {
+                            w.kv.free_seq(local);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The window of layers that starts at layer `first` (windows of no layers, the
+    /// head's entry and exit, are run by index only).
+    pub fn find(&self, first: usize) -> Option<usize> {
+        self.windows.iter().position(|w| w.layers.start == first && !w.layers.is_empty())
+    }
+
+    /// Run window `index` over `rows` (their `seq` the head's numbers), from `input` to
+    /// `output`. Returns the window's layers.
+    pub fn step(&mut self, index: usize, rows: impl Iterator<Item = StepRow>, input: StepInput, output: StepOutput) -> Result<Range<usize>, String> {
+        let w = &mut self.windows[index];
+        self.rows.clear();
+        for r in rows {
+            let ring_seq = r.seq as u32;
+            let local = *w.seqs.entry(ring_seq).or_insert_with(|| w.kv.new_seq());
+            self.rows.push(StepRow { seq: local, ..r });
+        }
+        let step = Step { rows: &self.rows, layers: w.layers.clone(), input, output, adapters: &[] };
+        self.model.step(&self.pool, &mut w.kv, &step, &mut self.scratch).map_err(|e| e.to_string())?;
+        Ok(w.layers.clone())
+    }
+
+    /// Run the window a travelling step enters, replacing its hidden states with the
+    /// window's and moving it on to the window's end.
+    pub fn run_frame(&mut self, frame: &mut StepFrame) -> Result<(), String> {
+        let n_embd = self.model.cfg.n_embd;
+        if frame.hidden.len() != frame.rows.len() * n_embd {
+            return Err(format!("{} hidden values for {} rows of {n_embd}", frame.hidden.len(), frame.rows.len()));
+        }
+        if frame.rows.len() > self.scratch.max_rows() {
+            return Err(format!("a step of {} rows, beyond the {} this device was sized for", frame.rows.len(), self.scratch.max_rows()));
+        }
+        let first = frame.first_layer as usize;
+        let index = self.find(first).ok_or_else(|| format!("no window of this device starts at layer {first}"))?;
+        let rows = frame.rows.iter().map(|r| StepRow::hidden(r.pos as usize, r.seq as SeqId, r.kind));
+        let layers = self.step(index, rows, StepInput::Hidden(&frame.hidden), StepOutput::Hidden)?;
+        // The output has the input's size: overwrite it in place.
+        for (i, out) in frame.hidden.chunks_exact_mut(n_embd).enumerate() {
+            out.copy_from_slice(self.scratch.hidden(i));
+        }
+        frame.first_layer = layers.end as u32;
+        Ok(())
+    }
+
+    /// The hidden states of the last step's `rows` rows, appended to `out` (cleared).
+    pub fn hidden_into(&self, rows: usize, out: &mut Vec<f32>) {
+        out.clear();
+        for i in 0..rows {
+            out.extend_from_slice(self.scratch.hidden(i));
+        }
+    }
+
+    /// Logits of the `i`-th row of the last step that asked for them.
+    pub fn logits_mut(&mut self, i: usize) -> &mut [f32] {
+        self.scratch.logits_mut(i)
+    }
+}

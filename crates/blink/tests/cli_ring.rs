@@ -1,0 +1,206 @@
+//! Rings of `blink node`s on loopback, with `blink run --cluster` as the head: greedy
+//! text equal to one process's on every golden prompt (rings of 2, 3 and 4 processes,
+//! one and two rounds, with and without a window on the head), and failures refused or
+//! reported by name: a wrong token, another model file, garbage on the socket, a device
+//! that is down, and a node killed in the middle of a generation.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// A `blink node` on a free loopback port, killed when dropped.
+struct Node {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Node {
+    fn start(token: &Path, model: &Path) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_blink"))
+            .args(["node", "--listen", "127.0.0.1:0", "--token-file", token.to_str().unwrap(), "-m", model.to_str().unwrap(), "-t", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("blink node starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let first = lines.next().expect("the node says where it listens").unwrap();
+        let addr = first.split("listening on ").nth(1).and_then(|s| s.split_whitespace().next()).unwrap_or_else(|| panic!("no address in {first:?}")).to_string();
+        let log = Arc::new(Mutex::new(first + "\n"));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        Node { child, addr, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("blink-ring-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write_token(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// A cluster file: the head's entry first when `head_window` is given, then `nodes`.
+fn cluster(dir: &Path, name: &str, token: &Path, head_window: Option<usize>, nodes: &[(&Node, usize)], rounds: usize) -> PathBuf {
+    let mut text = format!("token_file = {:?}\n", token.to_str().unwrap());
+    let mut windows: Vec<usize> = head_window.into_iter().collect();
+    windows.extend(nodes.iter().map(|(_, w)| *w));
+    text += &format!("windows = {windows:?}\nrounds = {rounds}\n");
+    if head_window.is_some() {
+        text += "[[device]]\nhead = true\n";
+    }
+    for (n, _) in nodes {
+        text += &format!("[[device]]\naddr = \"{}\"\n", n.addr);
+    }
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn greedy(model: &Path, prompt: &str, cluster: Option<&Path>) -> std::process::Output {
+    let mut args = vec!["run", "-m", model.to_str().unwrap(), "--raw", "--temp", "0", "-n", "32", "-t", "1", "-p", prompt];
+    if let Some(c) = cluster {
+        args.extend(["--cluster", c.to_str().unwrap()]);
+    }
+    blink(&args)
+}
+
+#[test]
+fn rings_give_the_tokens_of_one_process() {
+    let model = model_path();
+    let dir = temp_dir("same");
+    let token = write_token(&dir, "ring.token", "a token shared by the whole ring\n");
+    let nodes: Vec<Node> = (0..3).map(|_| Node::start(&token, &model)).collect();
+    let [a, b, c] = [&nodes[0], &nodes[1], &nodes[2]];
+    // SmolLM2-135M has 30 layers: each ring's windows cover 30 in one round, 15 in two.
+    let rings = [
+        ("2 processes, 1 round", cluster(&dir, "r2k1.toml", &token, Some(12), &[(a, 18)], 1)),
+        ("2 processes, 2 rounds", cluster(&dir, "r2k2.toml", &token, Some(8), &[(a, 7)], 2)),
+        ("3 processes, 1 round", cluster(&dir, "r3k1.toml", &token, Some(10), &[(a, 10), (b, 10)], 1)),
+        ("3 processes, 2 rounds", cluster(&dir, "r3k2.toml", &token, Some(5), &[(a, 5), (b, 5)], 2)),
+        ("4 processes, 1 round", cluster(&dir, "r4k1.toml", &token, Some(6), &[(a, 8), (b, 8), (c, 8)], 1)),
+        ("4 processes, 2 rounds", cluster(&dir, "r4k2.toml", &token, Some(3), &[(a, 4), (b, 4), (c, 4)], 2)),
+        ("4 processes, no window on the head, 2 rounds", cluster(&dir, "r4k2h.toml", &token, None, &[(a, 5), (b, 5), (c, 5)], 2)),
+    ];
+    for case in golden()["greedy"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let alone = greedy(&model, prompt, None);
+        ok(&alone);
+        let want = stdout(&alone);
+        assert!(want.starts_with(case["exact_text_owed"].as_str().unwrap()), "one process, {prompt:?}: {want:?}");
+        for (name, file) in &rings {
+            let out = greedy(&model, prompt, Some(file));
+            assert!(out.status.success(), "{name}, {prompt:?}: {}\nnode logs:\n{}{}{}", stderr(&out), a.log(), b.log(), c.log());
+            assert_eq!(stdout(&out), want, "{name}, {prompt:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn failures_are_refused_or_reported_by_name() {
+    let model = model_path();
+    let dir = temp_dir("fail");
+    let token = write_token(&dir, "ring.token", "a token shared by the whole ring\n");
+    let other_token = write_token(&dir, "other.token", "a token no node of this ring holds\n");
+    // The same model with one weight byte changed: a valid file of another hash.
+    let other_model = dir.join("other.gguf");
+    std::fs::copy(&model, &other_model).unwrap();
+    {
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&other_model).unwrap();
+        use std::io::{Seek, SeekFrom};
+        f.seek(SeekFrom::End(-100)).unwrap();
+        let mut b = [0u8];
+        f.read_exact(&mut b).unwrap();
+        f.seek(SeekFrom::End(-100)).unwrap();
+        f.write_all(&[b[0] ^ 1]).unwrap();
+    }
+    let good = Node::start(&token, &model);
+    let stranger = Node::start(&token, &other_model);
+    let prompt = "The capital of France is";
+
+    let wrong_token = cluster(&dir, "wrong-token.toml", &other_token, Some(15), &[(&good, 15)], 1);
+    let out = greedy(&model, prompt, Some(&wrong_token));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("does not hold the ring's token"), "{}", stderr(&out));
+
+    let mismatch = cluster(&dir, "mismatch.toml", &token, Some(15), &[(&stranger, 15)], 1);
+    let out = greedy(&model, prompt, Some(&mismatch));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("model hash mismatch"), "{}", stderr(&out));
+
+    // Garbage on a node's socket: an HTTP request, then a frame of another version. The
+    // node logs each and goes on serving.
+    let mut s = TcpStream::connect(&good.addr).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let mut s = TcpStream::connect(&good.addr).unwrap();
+    s.write_all(b"BLRG\x09\x00\x01\x00\x20\x00\x00\x00").unwrap();
+    let _ = s.read_to_end(&mut rest);
+    let fine = cluster(&dir, "fine.toml", &token, Some(15), &[(&good, 15)], 1);
+    let out = greedy(&model, prompt, Some(&fine));
+    ok(&out);
+    let log = good.log();
+    assert!(log.contains("not a Blink ring frame") && log.contains("version 9"), "{log}");
+
+    // A device that is not there.
+    let down = format!("token_file = {:?}\nwindows = [15, 15]\nrounds = 1\n[[device]]\nhead = true\n[[device]]\naddr = \"127.0.0.1:9\"\n", token.to_str().unwrap());
+    std::fs::write(dir.join("down.toml"), down).unwrap();
+    let out = greedy(&model, prompt, Some(&dir.join("down.toml")));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("127.0.0.1:9"), "{}", stderr(&out));
+
+    // A node killed in the middle of a long generation: the head reports it, naming the
+    // device, at once.
+    let mut victim = Node::start(&token, &model);
+    let ring = cluster(&dir, "victim.toml", &token, Some(10), &[(&good, 10), (&victim, 10)], 1);
+    let head = Command::new(env!("CARGO_BIN_EXE_blink"))
+        .args(["run", "-m", model.to_str().unwrap(), "--raw", "--temp", "0", "-n", "4000", "--ignore-eos", "-c", "4096", "-t", "1", "-p", "Hi", "--cluster", ring.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head_out = head.stdout.unwrap();
+    // Once text flows, the ring is running.
+    let mut first = [0u8; 16];
+    head_out.read_exact(&mut first).unwrap();
+    victim.child.kill().unwrap();
+    let killed = Instant::now();
+    let mut rest = Vec::new();
+    head_out.read_to_end(&mut rest).unwrap();
+    let waited = killed.elapsed();
+    let mut err = String::new();
+    head.stderr.unwrap().read_to_string(&mut err).unwrap();
+    assert!(waited < Duration::from_secs(2), "the head took {waited:?} to notice");
+    assert!(err.contains(&format!("lost device 3 at {}", victim.addr)) || err.contains(&victim.addr), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
