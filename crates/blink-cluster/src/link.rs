@@ -6,7 +6,7 @@
 //! connection's bound is refused before its payload is read), and every step of the
 //! handshake has a deadline, so a silent or hostile peer cannot hold a connection open.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -44,6 +44,44 @@ pub struct FrameReader {
     payload: Vec<u8>,
 }
 
+/// A slow link, imitated where frames arrive (the machine has no netem): each frame is
+/// delivered `latency` after the link has carried its bytes at `bytes_per_s`, frames
+/// queueing behind each other for the bandwidth but not for the latency, as on a wire.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Shim {
+    pub latency: Duration,
+    /// `None`: as fast as the socket.
+    pub bytes_per_s: Option<f64>,
+}
+
+impl Shim {
+    pub fn is_none(&self) -> bool {
+        self.latency.is_zero() && self.bytes_per_s.is_none()
+    }
+
+    /// A shim of `latency_ms` per hop and `mbps` megabits per second (0: unlimited).
+    pub fn new(latency_ms: f64, mbps: f64) -> Result<Shim, String> {
+        if !(latency_ms >= 0.0 && latency_ms.is_finite()) || !(mbps >= 0.0 && mbps.is_finite()) {
+            return Err(format!("a link shim needs a latency and a rate of at least 0, not {latency_ms} ms and {mbps} Mbit/s"));
+        }
+        Ok(Shim { latency: Duration::from_secs_f64(latency_ms / 1e3), bytes_per_s: (mbps > 0.0).then_some(mbps * 1e6 / 8.0) })
+    }
+}
+
+/// Frames from a connection behind a [`Shim`]: a task reads them as they come and
+/// stamps them, a thread of the connection's own holds each until the shim says it lands
+/// (a thread's sleep is precise to tens of microseconds, a tokio timer only to the
+/// millisecond), and [`ShimmedReader::read`] hands them out.
+pub struct ShimmedReader {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Result<Message, LinkError>>,
+}
+
+impl ShimmedReader {
+    pub async fn read(&mut self) -> Result<Message, LinkError> {
+        self.rx.recv().await.unwrap_or(Err(LinkError::Closed))
+    }
+}
+
 /// Writes frames to one connection.
 pub struct FrameWriter {
     half: OwnedWriteHalf,
@@ -76,6 +114,65 @@ impl FrameReader {
     /// Frames larger than `max` bytes are refused from now on.
     pub fn set_max(&mut self, max: usize) {
         self.max = max;
+    }
+
+    /// This connection's frames delayed by `shim` (read on the current tokio runtime).
+    pub fn shimmed(mut self, shim: Shim) -> ShimmedReader {
+        let (stamped, held) = std::sync::mpsc::channel::<(Instant, Result<Message, LinkError>)>();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            // When the link finishes carrying the frames read so far.
+            let mut carried = Instant::now();
+            loop {
+                let msg = self.read().await;
+                let arrived = Instant::now();
+                let bytes = HEADER + self.payload.len();
+                carried = carried.max(arrived) + shim.bytes_per_s.map_or(Duration::ZERO, |r| Duration::from_secs_f64(bytes as f64 / r));
+                let end = msg.is_err();
+                if stamped.send((carried + shim.latency, msg)).is_err() || end {
+                    return;
+                }
+            }
+        });
+        let spawned = std::thread::Builder::new().name("blink-link-shim".into()).spawn(move || {
+            while let Ok((due, msg)) = held.recv() {
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                if tx.send(msg).is_err() {
+                    return;
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            // Without its thread the link cannot be imitated: the connection ends.
+            eprintln!("blink: cannot start a link shim's thread: {e}");
+        }
+        ShimmedReader { rx }
+    }
+}
+
+/// A connection's frames, read directly or through a shim.
+pub enum Incoming {
+    Direct(FrameReader),
+    Shimmed(ShimmedReader),
+}
+
+impl Incoming {
+    /// `reader`, behind `shim` unless it is none.
+    pub fn new(reader: FrameReader, shim: Shim) -> Incoming {
+        if shim.is_none() {
+            Incoming::Direct(reader)
+        } else {
+            Incoming::Shimmed(reader.shimmed(shim))
+        }
+    }
+
+    pub async fn read(&mut self) -> Result<Message, LinkError> {
+        match self {
+            Incoming::Direct(r) => r.read().await,
+            Incoming::Shimmed(r) => r.read().await,
+        }
     }
 }
 

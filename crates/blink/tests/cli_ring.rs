@@ -2,7 +2,7 @@
 //! text equal to one process's on every golden prompt (rings of 2, 3 and 4 processes,
 //! one and two rounds, with and without a window on the head), and failures refused or
 //! reported by name: a wrong token, another model file, garbage on the socket, a device
-//! that is down, and a node killed in the middle of a generation.
+//! that is down, and a node killed or stopped in the middle of a generation.
 
 mod support;
 
@@ -122,6 +122,15 @@ fn rings_give_the_tokens_of_one_process() {
             assert_eq!(stdout(&out), want, "{name}, {prompt:?}");
         }
     }
+    // `bench --cluster`: a prompt, and four sequences in one micro-batch, then in two
+    // going round at once.
+    let file = rings[3].1.to_str().unwrap();
+    let out = blink(&["bench", "--cluster", file, "-m", model.to_str().unwrap(), "-t", "1", "-p", "16", "-n", "8", "--batch", "4", "--in-flight", "1,2", "-r", "1"]);
+    ok(&out);
+    let table = stdout(&out);
+    for row in ["| pp16 | 1 | 1 |", "| tg8 | 1 | 4 |", "| tg8 | 2 | 4 |"] {
+        assert!(table.contains(row), "{row} missing from\n{table}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -179,28 +188,36 @@ fn failures_are_refused_or_reported_by_name() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("127.0.0.1:9"), "{}", stderr(&out));
 
-    // A node killed in the middle of a long generation: the head reports it, naming the
-    // device, at once.
-    let mut victim = Node::start(&token, &model);
-    let ring = cluster(&dir, "victim.toml", &token, Some(10), &[(&good, 10), (&victim, 10)], 1);
-    let head = Command::new(env!("CARGO_BIN_EXE_blink"))
-        .args(["run", "-m", model.to_str().unwrap(), "--raw", "--temp", "0", "-n", "4000", "--ignore-eos", "-c", "4096", "-t", "1", "-p", "Hi", "--cluster", ring.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut head_out = head.stdout.unwrap();
-    // Once text flows, the ring is running.
-    let mut first = [0u8; 16];
-    head_out.read_exact(&mut first).unwrap();
-    victim.child.kill().unwrap();
-    let killed = Instant::now();
-    let mut rest = Vec::new();
-    head_out.read_to_end(&mut rest).unwrap();
-    let waited = killed.elapsed();
-    let mut err = String::new();
-    head.stderr.unwrap().read_to_string(&mut err).unwrap();
-    assert!(waited < Duration::from_secs(2), "the head took {waited:?} to notice");
-    assert!(err.contains(&format!("lost device 3 at {}", victim.addr)) || err.contains(&victim.addr), "{err}");
+    // A node killed in the middle of a long generation, and one stopped (SIGSTOP: alive
+    // but silent): the head reports each within 2 s, naming the device.
+    for how in ["kill", "stop"] {
+        let mut victim = Node::start(&token, &model);
+        let ring = cluster(&dir, "victim.toml", &token, Some(10), &[(&good, 10), (&victim, 10)], 1);
+        let head = Command::new(env!("CARGO_BIN_EXE_blink"))
+            .args(["run", "-m", model.to_str().unwrap(), "--raw", "--temp", "0", "-n", "4000", "--ignore-eos", "-c", "4096", "-t", "1", "-p", "Hi", "--cluster", ring.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut head_out = head.stdout.unwrap();
+        // Once text flows, the ring is running.
+        let mut first = [0u8; 16];
+        head_out.read_exact(&mut first).unwrap();
+        match how {
+            "kill" => victim.child.kill().unwrap(),
+            _ => assert!(Command::new("kill").args(["-STOP", &victim.child.id().to_string()]).status().unwrap().success()),
+        }
+        let struck = Instant::now();
+        let mut rest = Vec::new();
+        head_out.read_to_end(&mut rest).unwrap();
+        let waited = struck.elapsed();
+        let mut err = String::new();
+        head.stderr.unwrap().read_to_string(&mut err).unwrap();
+        assert!(waited < Duration::from_secs(2), "{how}: the head took {waited:?} to notice");
+        assert!(err.contains(&format!("lost device 3 at {}", victim.addr)), "{how}: {err}");
+        if how == "stop" {
+            let _ = Command::new("kill").args(["-CONT", &victim.child.id().to_string()]).status();
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

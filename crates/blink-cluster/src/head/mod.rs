@@ -10,9 +10,17 @@
 //! sequence) ride on the next step and are applied by each device as the step enters
 //! its first window, so they reach every device in order with the steps.
 //!
-//! [`RingHead`] implements the engine's [`Steps`], so a session runs on a ring as on one
-//! machine, with the same tokens.
+//! Several steps of different sequences may be in flight at once ([`RingHead::submit`],
+//! [`RingHead::wait`]), so that every device has work while a token travels. The head
+//! pings every device; one silent for [`SILENCE`] (stopped, cut off, dead) fails the
+//! steps in flight and every later one, with its name.
+//!
+//! [`RingHead`] implements the engine's [`Steps`] (one step in flight), so a session runs
+//! on a ring as on one machine, with the same tokens.
 
+mod connect;
+
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,15 +29,19 @@ use blink_engine::{EngineError, Steps};
 use blink_model::lora::LoraMix;
 use blink_model::{Model, SeqId, StepInput, StepOutput, StepRow};
 use tokio::runtime::Runtime;
+use tokio::sync::mpsc::UnboundedSender;
 
 use crate::auth::Token;
-use crate::link::{self, FrameWriter, LinkError};
+use crate::link::Shim;
 use crate::placement::Ring;
-use crate::wire::{Assign, CacheOp, Message, Role, StepFrame, WireRow, MAX_PAYLOAD};
+use crate::wire::{CacheOp, Message, StepFrame, WireRow};
 use crate::windows::{WindowSizes, Windows};
 
-/// How long a device may take to load its windows after its assignment.
-const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a device may stay silent (no frame, no answer to a ping) before it is
+/// taken for lost.
+pub const SILENCE: Duration = Duration::from_millis(1500);
+/// How often the head pings each device.
+const PING_EVERY: Duration = Duration::from_millis(250);
 
 /// The head's windows of no layers: the embedding and the LM head.
 const ENTRY: usize = 0;
@@ -46,6 +58,8 @@ pub struct RingSpec {
     /// Each device's compute threads (0: its own choice).
     pub threads: Vec<usize>,
     pub model_sha256: [u8; 32],
+    /// A slow link imitated on every connection into the head.
+    pub shim: Shim,
 }
 
 /// What came in from a device.
@@ -56,17 +70,20 @@ enum Event {
 
 /// The head of a running ring.
 pub struct RingHead {
-    rt: Runtime,
+    /// Runs the connections' tasks; kept alive with the head.
+    _rt: Runtime,
     spec: RingSpec,
-    /// Per device, the connection the head writes to (`None`: the head, or a device
-    /// with no window).
-    writers: Vec<Option<FrameWriter>>,
+    /// Per device, the queue of frames its writer task sends (`None`: the head, or a
+    /// device with no window).
+    senders: Vec<Option<UnboundedSender<Message>>>,
     events: mpsc::Receiver<Event>,
     windows: Windows,
     n_layers: usize,
     next_id: u64,
     next_seq: u32,
     ops: Vec<CacheOp>,
+    /// The rows of each step in flight, for its exit.
+    in_flight: HashMap<u64, Vec<StepRow>>,
     /// A lost device's reason: every later step fails with it.
     broken: Option<String>,
 }
@@ -80,6 +97,12 @@ impl RingHead {
         if ring.n_layers() != n_layers {
             return Err(format!("the ring runs {} layers, the model has {n_layers}", ring.n_layers()));
         }
+        if ring.windows().iter().enumerate().all(|(d, &w)| w == 0 || Some(d) == spec.head) {
+            return Err("the ring has no device but the head with a window: run without --cluster".into());
+        }
+        if spec.addrs.len() != ring.windows().len() {
+            return Err(format!("{} windows for {} devices", ring.windows().len(), spec.addrs.len()));
+        }
         let mut own = vec![0..0, n_layers..n_layers];
         if let Some(h) = spec.head {
             own.extend(ring.device_windows(h));
@@ -87,68 +110,68 @@ impl RingHead {
         let windows = Windows::new(model, &own, sizes)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("blink-ring-io").enable_all().build().map_err(|e| format!("the network runtime: {e}"))?;
         let (tx, events) = mpsc::channel();
-        let mut writers = Vec::with_capacity(ring.windows().len());
-        for (d, &w) in ring.windows().iter().enumerate() {
-            if Some(d) == spec.head || w == 0 {
-                writers.push(None);
-                continue;
-            }
-            let addr = &spec.addrs[d];
-            let assign = Assign {
-                model_sha256: spec.model_sha256,
-                windows: ring.windows().iter().map(|&w| w as u32).collect(),
-                rounds: ring.rounds() as u32,
-                me: d as u32,
-                head: spec.head.map(|h| h as u32),
-                addrs: spec.addrs.clone(),
-                kv_tokens: sizes.kv_tokens as u32,
-                max_rows: sizes.max_rows as u32,
-                max_ctx: sizes.max_ctx as u32,
-                kv_f32: sizes.kv_type == blink_model::KvType::F32,
-                threads: spec.threads.get(d).copied().unwrap_or(0) as u32,
-            };
-            let (mut r, wr) = rt
-                .block_on(async {
-                    let (mut r, mut w) = link::connect(addr, token, Role::Head, MAX_PAYLOAD).await?;
-                    w.send(&Message::Assign(assign)).await?;
-                    match r.read_within(LOAD_TIMEOUT).await? {
-                        Message::Ready => Ok((r, w)),
-                        Message::Refused { reason } => Err(LinkError::Refused(reason)),
-                        m => Err(LinkError::Unexpected { got: m.name(), want: "ready" }),
-                    }
-                })
-                .map_err(|e| format!("device {} at {addr}: {e}", d + 1))?;
-            let tx = tx.clone();
-            rt.spawn(async move {
-                loop {
-                    match r.read().await {
-                        Ok(m) => {
-                            if tx.send(Event::Frame(m)).is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Event::Lost(d, e.to_string()));
-                            return;
-                        }
-                    }
-                }
-            });
-            writers.push(Some(wr));
-        }
-        Ok(RingHead { rt, n_layers, spec, writers, events, windows, next_id: 0, next_seq: 0, ops: Vec::new(), broken: None })
+        let senders = rt.block_on(connect::all(&spec, token, sizes, tx))?;
+        Ok(RingHead { _rt: rt, n_layers, spec, senders, events, windows, next_id: 0, next_seq: 0, ops: Vec::new(), in_flight: HashMap::new(), broken: None })
     }
 
-    /// Send `frame` to device `d` and wait for the step to come back to the head.
-    fn round_trip(&mut self, d: usize, frame: StepFrame) -> Result<StepFrame, String> {
-        let id = frame.id;
-        let addr = self.spec.addrs[d].clone();
-        let w = self.writers[d].as_mut().ok_or_else(|| format!("device {} holds no window", d + 1))?;
-        self.rt.block_on(w.send(&Message::Step(frame))).map_err(|e| format!("device {} at {addr}: {e}", d + 1))?;
+    /// Steps sent and not yet back.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Start a step of `rows` (their `seq` numbered by [`Steps::new_seq`]): the embedding
+    /// here, then on round the ring. Its result comes from [`RingHead::wait`].
+    pub fn submit(&mut self, rows: &[StepRow]) -> Result<u64, EngineError> {
+        self.check()?;
+        self.submit_inner(rows).map_err(|e| self.break_with(e))
+    }
+
+    /// Wait for a step in flight to come back and run its exit; returns its number, its
+    /// logits ready in [`Steps::logits_mut`] until the next step runs here.
+    pub fn wait(&mut self) -> Result<u64, EngineError> {
+        self.check()?;
+        if self.in_flight.is_empty() {
+            return Err(EngineError::BadParams("no step is in flight".into()));
+        }
+        self.wait_inner().map_err(|e| self.break_with(e))
+    }
+
+    fn check(&self) -> Result<(), EngineError> {
+        match &self.broken {
+            Some(reason) => Err(EngineError::Remote(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn break_with(&mut self, reason: String) -> EngineError {
+        self.in_flight.clear();
+        self.broken = Some(reason.clone());
+        EngineError::Remote(reason)
+    }
+
+    fn submit_inner(&mut self, rows: &[StepRow]) -> Result<u64, String> {
+        let ops = std::mem::take(&mut self.ops);
+        self.windows.apply(&ops)?;
+        self.windows.step(ENTRY, rows.iter().copied(), StepInput::Tokens, StepOutput::Hidden)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut frame = StepFrame { id, first_layer: 0, ops, rows: rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind }).collect(), hidden: Vec::new() };
+        self.windows.hidden_into(rows.len(), &mut frame.hidden);
+        self.in_flight.insert(id, rows.to_vec());
+        let done = self.advance(frame)?;
+        debug_assert!(done.is_none(), "a ring has a device besides the head");
+        Ok(id)
+    }
+
+    fn wait_inner(&mut self) -> Result<u64, String> {
         loop {
             match self.events.recv() {
-                Ok(Event::Frame(Message::Step(f))) if f.id == id => return Ok(f),
-                Ok(Event::Frame(Message::Failed { id: fid, reason })) if fid == id => return Err(reason),
+                Ok(Event::Frame(Message::Step(f))) if self.in_flight.contains_key(&f.id) => {
+                    if let Some(id) = self.advance(f)? {
+                        return Ok(id);
+                    }
+                }
+                Ok(Event::Frame(Message::Failed { id, reason })) if self.in_flight.contains_key(&id) => return Err(reason),
                 Ok(Event::Frame(_)) => {}
                 Ok(Event::Lost(d, e)) => return Err(format!("lost device {} at {}: {e}", d + 1, self.spec.addrs[d])),
                 Err(_) => return Err("the ring's connections are gone".into()),
@@ -156,30 +179,22 @@ impl RingHead {
         }
     }
 
-    fn run_step(&mut self, rows: &[StepRow]) -> Result<(), String> {
-        let ops = std::mem::take(&mut self.ops);
-        self.windows.apply(&ops)?;
-        self.windows.step(ENTRY, rows.iter().copied(), StepInput::Tokens, StepOutput::Hidden)?;
-        let mut frame = StepFrame {
-            id: self.next_id,
-            first_layer: 0,
-            ops,
-            rows: rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind }).collect(),
-            hidden: Vec::new(),
-        };
-        self.next_id += 1;
-        self.windows.hidden_into(rows.len(), &mut frame.hidden);
+    /// Run the head's windows the step enters and send it on; at the last layer, run the
+    /// exit and return the step's number.
+    fn advance(&mut self, mut frame: StepFrame) -> Result<Option<u64>, String> {
         while (frame.first_layer as usize) < self.n_layers {
             let holder = self.spec.ring.place(frame.first_layer as usize).expect("a layer of the ring").device;
-            if Some(holder) == self.spec.head {
-                self.windows.run_frame(&mut frame)?;
-            } else {
-                frame = self.round_trip(holder, frame)?;
+            if Some(holder) != self.spec.head {
+                let tx = self.senders[holder].as_ref().ok_or_else(|| format!("device {} holds no window", holder + 1))?;
+                tx.send(Message::Step(frame)).map_err(|_| format!("lost device {} at {}", holder + 1, self.spec.addrs[holder]))?;
+                return Ok(None);
             }
+            self.windows.run_frame(&mut frame)?;
         }
+        let rows = self.in_flight.remove(&frame.id).expect("a step in flight");
         let exit = rows.iter().map(|r| StepRow { token: None, ..*r });
         self.windows.step(EXIT, exit, StepInput::Hidden(&frame.hidden), StepOutput::Logits)?;
-        Ok(())
+        Ok(Some(frame.id))
     }
 }
 
@@ -199,16 +214,19 @@ impl Steps for RingHead {
         if !adapters.is_empty() {
             return Err(EngineError::BadParams("adapters are not served on a ring yet".into()));
         }
-        if let Some(reason) = &self.broken {
-            return Err(EngineError::Remote(reason.clone()));
-        }
-        self.run_step(rows).map_err(|e| {
-            self.broken = Some(e.clone());
-            EngineError::Remote(e)
-        })
+        let id = self.submit(rows)?;
+        while self.wait()? != id {}
+        Ok(())
     }
 
     fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         self.windows.logits_mut(i)
+    }
+}
+
+impl RingHead {
+    /// Forget sequence `seq` on every device (with the next step).
+    pub fn release(&mut self, seq: SeqId) {
+        self.ops.push(CacheOp::Release { seq: seq as u32 });
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use std::time::Instant;
 use tokio::net::TcpListener;
 
 fn rt() -> tokio::runtime::Runtime {
@@ -80,5 +81,42 @@ fn garbage_and_silence_close_the_connection_with_an_error() {
         assert!(errors[1].as_deref().unwrap().contains("version 9"), "{errors:?}");
         assert!(errors[2].as_deref().unwrap().contains("exceeds the bound"), "{errors:?}");
         drop((s, s2, s3));
+    });
+}
+
+#[test]
+fn a_shim_delays_frames_as_a_slow_wire_would() {
+    rt().block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let t = token("a ring token of enough bytes");
+        let server = {
+            let t = t.clone();
+            tokio::spawn(async move {
+                let (s, _) = listener.accept().await.unwrap();
+                let (r, _w, _) = accept(s, &t, 1 << 24).await.unwrap();
+                // 40 ms per frame, and 8 Mbit/s: a 100 kB frame takes 100 ms to carry.
+                let mut r = Incoming::new(r, Shim::new(40.0, 8.0).unwrap());
+                let start = Instant::now();
+                let mut at = Vec::new();
+                for _ in 0..3 {
+                    r.read().await.unwrap();
+                    at.push(start.elapsed());
+                }
+                at
+            })
+        };
+        let (_r, mut w) = connect(&addr, &t, Role::Head, 1 << 24).await.unwrap();
+        // Two small frames at once, then a large one.
+        w.send(&Message::Ping { at: 1 }).await.unwrap();
+        w.send(&Message::Ping { at: 2 }).await.unwrap();
+        w.send(&Message::Refused { reason: "x".repeat(100_000) }).await.unwrap();
+        let at = server.await.unwrap();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        // The small frames land together after the latency, not one latency apart.
+        assert!((39.0..90.0).contains(&ms(at[0])), "{at:?}");
+        assert!(ms(at[1]) - ms(at[0]) < 30.0, "{at:?}");
+        // The large one waits for its 100 ms on the wire, then the latency.
+        assert!((135.0..260.0).contains(&ms(at[2])), "{at:?}");
     });
 }

@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::auth::{self, Token};
-use crate::link::{self, FrameReader, FrameWriter};
+use crate::link::{self, FrameReader, FrameWriter, Incoming, Shim};
 use crate::placement::Ring;
 use crate::wire::{Assign, Message, Role, StepFrame};
 use crate::windows::{WindowSizes, Windows};
@@ -42,6 +42,8 @@ pub struct NodeOptions {
     pub threads: usize,
     /// The largest frame accepted from an authenticated peer.
     pub max_frame: usize,
+    /// A slow link imitated on every connection into this node.
+    pub shim: Shim,
 }
 
 /// How long a head may take to send its assignment after connecting.
@@ -136,6 +138,7 @@ impl Node {
             return eprintln!("blink node: cannot start the compute thread: {e}");
         }
         *self.assigned.lock().unwrap_or_else(|e| e.into_inner()) = Some(Assigned { head_conn: conn, work });
+        let mut r = Incoming::new(r, self.opts.shim);
         loop {
             match r.read().await {
                 Ok(Message::Step(frame)) => self.submit(frame),
@@ -157,7 +160,8 @@ impl Node {
     }
 
     /// A peer's connection: steps passed on round the ring.
-    async fn peer(self: Arc<Self>, mut r: FrameReader, peer: &str) {
+    async fn peer(self: Arc<Self>, r: FrameReader, peer: &str) {
+        let mut r = Incoming::new(r, self.opts.shim);
         loop {
             match r.read().await {
                 Ok(Message::Step(frame)) => self.submit(frame),

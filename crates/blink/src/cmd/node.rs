@@ -25,11 +25,13 @@ pub struct Args {
     threads: Option<usize>,
     #[command(flatten)]
     kernel: KernelArgs,
+    #[command(flatten)]
+    shim: super::cluster::ShimArgs,
 }
 
 pub fn main(args: Args) -> CliResult {
     args.kernel.apply()?;
     let token = Token::read(&args.token_file)?;
-    let opts = NodeOptions { listen: args.listen, token, model: args.model.path()?, threads: resolve_threads(args.threads)?, max_frame: MAX_PAYLOAD };
+    let opts = NodeOptions { listen: args.listen, token, model: args.model.path()?, threads: resolve_threads(args.threads)?, max_frame: MAX_PAYLOAD, shim: args.shim.shim()? };
     Ok(node::serve(opts)?)
 }

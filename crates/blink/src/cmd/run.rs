@@ -1,7 +1,6 @@
 //! `blink run`: complete one prompt, print only the generated text on stdout.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use blink_engine::{GenerateParams, Generation, Session, Steps};
 use blink_text::chat_template::ChatMessage;
@@ -39,19 +38,18 @@ pub struct Args {
     lora: LoraArgs,
     #[command(flatten)]
     compute: ComputeArgs,
-    /// Run on a ring of devices (`blink node`s) as this file describes; this process is
-    /// the head.
-    #[arg(long, value_name = "CLUSTER.toml")]
-    cluster: Option<PathBuf>,
+    #[command(flatten)]
+    ring: super::cluster::RingArgs,
 }
 
 pub fn main(args: Args) -> CliResult {
     let text = args.prompt.text()?;
-    if let Some(path) = &args.cluster {
+    if let Some(path) = &args.ring.cluster {
         if !args.lora.lora.is_empty() || !args.lora.lora_scaled.is_empty() {
             return Err("adapters are not served on a ring yet: drop --lora with --cluster".into());
         }
-        let head = super::cluster::start(path, &args.model, &args.compute)?;
+        args.compute.kernel.apply()?;
+        let head = super::cluster::start(path, &args.ring.shim, &args.model, &super::cluster::HeadSizes::of(&args.compute)?)?;
         let prompt = prompt_tokens(&args, &text, &head.tokenizer, head.template.as_ref())?;
         let session = Session::over(head.ring, head.n_ctx, head.n_batch)?;
         return complete(&args, session, &head.tokenizer, &prompt, head.n_ctx);

@@ -11,6 +11,7 @@
 //! repetitions so a noisy machine's drift touches both alike.
 
 pub(crate) mod lora;
+mod ring;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -69,6 +70,12 @@ pub struct Args {
     kernel: KernelArgs,
     #[command(flatten)]
     numa: NumaArgs,
+    #[command(flatten)]
+    ring: crate::cmd::cluster::RingArgs,
+    /// With --cluster: micro-batches of a generation test's sequences kept going round the
+    /// ring at once (comma-separated).
+    #[arg(long = "in-flight", value_delimiter = ',', default_value = "1")]
+    in_flight: Vec<usize>,
 }
 
 /// One result row.
@@ -92,6 +99,9 @@ struct Row {
 }
 
 pub fn main(args: Args) -> CliResult {
+    if args.ring.cluster.is_some() {
+        return ring::main(&args);
+    }
     args.kernel.apply()?;
     let threads = if args.threads.is_empty() {
         vec![resolve_threads(None)?]
@@ -261,7 +271,7 @@ fn variants(adapters: Option<&Adapters>, seqs: usize) -> Vec<&[Arc<LoraMix>]> {
 
 /// `kinds` variants of a test: one warm-up of each, then `reps` rounds that measure each
 /// in turn. The samples of each variant.
-fn repeat_each(reps: usize, kinds: usize, mut f: impl FnMut(usize) -> CliResult<f64>) -> CliResult<Vec<Vec<f64>>> {
+pub(crate) fn repeat_each(reps: usize, kinds: usize, mut f: impl FnMut(usize) -> CliResult<f64>) -> CliResult<Vec<Vec<f64>>> {
     for k in 0..kinds {
         f(k)?;
     }
@@ -274,7 +284,7 @@ fn repeat_each(reps: usize, kinds: usize, mut f: impl FnMut(usize) -> CliResult<
     Ok(samples)
 }
 
-fn mean_sd(x: &[f64]) -> (f64, f64) {
+pub(crate) fn mean_sd(x: &[f64]) -> (f64, f64) {
     let n = x.len() as f64;
     let mean = x.iter().sum::<f64>() / n;
     let var = if x.len() > 1 { x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
@@ -282,8 +292,12 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
 }
 
 fn random_tokens(model: &Model, n: usize, seed: u64) -> Vec<u32> {
+    random_ids(model.cfg.vocab_size, n, seed)
+}
+
+pub(crate) fn random_ids(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
     let mut rng = Rng::new(seed);
-    (0..n).map(|_| (rng.next_u64() % model.cfg.vocab_size as u64) as u32).collect()
+    (0..n).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
 }
 
 /// Prompt tokens evaluated per step while filling a cache to its depth.
