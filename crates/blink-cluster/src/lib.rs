@@ -19,6 +19,7 @@ pub mod node;
 pub mod placement;
 pub mod plan;
 pub mod profile;
+pub mod stream;
 pub mod wire;
 pub mod windows;
 

@@ -113,8 +113,8 @@ impl Windows {
     }
 
     /// Run the window a travelling step enters, replacing its hidden states with the
-    /// window's and moving it on to the window's end.
-    pub fn run_frame(&mut self, frame: &mut StepFrame) -> Result<(), String> {
+    /// window's and moving it on to the window's end. Returns the window's index.
+    pub fn run_frame(&mut self, frame: &mut StepFrame) -> Result<usize, String> {
         let n_embd = self.model.cfg.n_embd;
         if frame.hidden.len() != frame.rows.len() * n_embd {
             return Err(format!("{} hidden values for {} rows of {n_embd}", frame.hidden.len(), frame.rows.len()));
@@ -131,7 +131,7 @@ impl Windows {
             out.copy_from_slice(self.scratch.hidden(i));
         }
         frame.first_layer = layers.end as u32;
-        Ok(())
+        Ok(index)
     }
 
     /// The hidden states of the last step's `rows` rows, appended to `out` (cleared).

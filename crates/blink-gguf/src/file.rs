@@ -14,16 +14,17 @@ use crate::parse::{lookup, parse, Layout};
 use crate::tensor::TensorInfo;
 use crate::value::{Array, Value};
 
-/// Where the file's bytes live.
+/// Where the file's bytes live: a map (with the file kept open, for advice on its cached
+/// pages), or a buffer.
 enum Backing {
-    Mapped(Mmap),
+    Mapped(Mmap, File),
     Owned(Vec<u8>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mapped(map) => map,
+            Backing::Mapped(map, _) => map,
             Backing::Owned(bytes) => bytes,
         }
     }
@@ -64,7 +65,7 @@ impl GgufFile {
         } else {
             // SAFETY: the map is read-only and only ever read through `&[u8]`; the caller is
             // told above that the file must not change underneath it.
-            Backing::Mapped(unsafe { Mmap::map(&file) }.map_err(io_err("memory-map"))?)
+            Backing::Mapped(unsafe { Mmap::map(&file) }.map_err(io_err("memory-map"))?, file)
         };
         Self::from_backing(backing)
     }
@@ -196,7 +197,7 @@ impl GgufFile {
     /// memory (used after a tensor was copied elsewhere, e.g. repacked). Reading them later
     /// still works: the pages come back from the file. A no-op for in-memory files.
     pub fn release_tensor(&self, t: &TensorInfo) {
-        if let Backing::Mapped(map) = &self.backing {
+        if let Backing::Mapped(map, _) = &self.backing {
             const PAGE: usize = 4096;
             let start = (self.layout.data_offset + t.offset) as usize;
             let first = start.next_multiple_of(PAGE);
@@ -208,6 +209,20 @@ impl GgufFile {
                 let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first) };
             }
         }
+    }
+
+    /// The open file behind the map, and the offset in it of `bytes` (a slice of this
+    /// file's bytes, such as [`GgufFile::tensor_data`]): for advice on its cached pages.
+    /// `None` for in-memory files or a slice from elsewhere.
+    pub fn file_range(&self, bytes: &[u8]) -> Option<(&File, u64)> {
+        let Backing::Mapped(map, file) = &self.backing else { return None };
+        let start = (bytes.as_ptr() as usize).checked_sub(map.as_ptr() as usize)?;
+        (start + bytes.len() <= map.len()).then_some((file, start as u64))
+    }
+
+    /// Whether the bytes are a memory map of the file (rather than a buffer).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.backing, Backing::Mapped(..))
     }
 
     /// Size of the whole file in bytes.

@@ -3,8 +3,8 @@
 //! work claiming ([`numa`]), pinning threads to CPUs ([`affinity`]), the machine's NUMA
 //! nodes, memory bound to a node ([`numa::NodeBuffer`]), zeroed buffers on the heap or a
 //! node ([`storage`]), huge-page chunks handed out piece by piece ([`arena`]) and the
-//! memory-bandwidth probe ([`bandwidth`]); later also memory-map advice (prefetch,
-//! release, residency).
+//! memory-bandwidth probe ([`bandwidth`]), and advice on memory-mapped files: prefetch,
+//! release and residency ([`residency`]).
 //!
 //! Must not touch numerics, models or file formats: it runs closures and hands out memory,
 //! and knows nothing of what they compute or hold.
@@ -16,4 +16,5 @@ pub mod cpulist;
 mod park;
 pub mod numa;
 pub mod pool;
+pub mod residency;
 pub mod storage;

@@ -142,12 +142,21 @@ pub struct KernelArgs {
     /// bits). Default llama; also settable with BLINK_DOT_ORDER.
     #[arg(long = "dot-order", value_name = "ORDER")]
     pub dot_order: Option<String>,
+    /// Keep the weight matrices in the file's memory map, row-major, rather than repack
+    /// them for the kernels: no copy in memory, so a model larger than memory pages in
+    /// from disk (slower products).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
 }
+
+/// `--no-repack`, fixed (like the kernel path) before any model is loaded.
+static NO_REPACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl KernelArgs {
     /// Fix the kernel path and dot order before any model is loaded.
     pub fn apply(&self) -> CliResult {
         use blink_kernels::{cpu, order};
+        NO_REPACK.store(self.no_repack, std::sync::atomic::Ordering::Relaxed);
         if let Some(name) = &self.kernel {
             let isa = cpu::Isa::parse(name).ok_or_else(|| cpu::IsaError::Unknown(name.clone()))?;
             cpu::force(isa)?;
@@ -284,7 +293,8 @@ pub fn load_model(args: &ModelArgs, compute: Option<&ComputeArgs>) -> CliResult<
 
 /// Load with an explicit placement (the kernel path must already be fixed).
 pub fn load_model_placed(args: &ModelArgs, placement: &TensorPlacement) -> CliResult<Loaded> {
-    let loaded = Loaded::load(&args.path()?, placement)?;
+    let share = blink_model::Share { windows: None, mapped: NO_REPACK.load(std::sync::atomic::Ordering::Relaxed) };
+    let loaded = Loaded::load_share(&args.path()?, placement, share)?;
     for w in &loaded.warnings {
         eprintln!("blink: warning: {w}");
     }

@@ -122,6 +122,22 @@ fn rings_give_the_tokens_of_one_process() {
             assert_eq!(stdout(&out), want, "{name}, {prompt:?}");
         }
     }
+    // A device whose budget its windows exceed streams them from the file (left in the
+    // map, given back after each use, the next read ahead): the same text.
+    let streamed = format!(
+        "token_file = {:?}\nwindows = [10, 10, 10]\nrounds = 1\n[[device]]\nhead = true\n[[device]]\naddr = \"{}\"\n[[device]]\naddr = \"{}\"\nmemory = \"20MB\"\n",
+        token.to_str().unwrap(),
+        a.addr,
+        b.addr
+    );
+    std::fs::write(dir.join("streamed.toml"), streamed).unwrap();
+    let case = &golden()["greedy"][0];
+    let prompt = case["prompt"].as_str().unwrap();
+    let out = greedy(&model, prompt, Some(&dir.join("streamed.toml")));
+    ok(&out);
+    assert_eq!(stdout(&out), stdout(&greedy(&model, prompt, None)), "streamed, {prompt:?}");
+    assert!(b.log().contains("assigned layers [20..30] (streamed from the file)"), "{}", b.log());
+
     // `bench --cluster`: a prompt, and four sequences in one micro-batch, then in two
     // going round at once.
     let file = rings[3].1.to_str().unwrap();

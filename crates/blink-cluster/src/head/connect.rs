@@ -39,6 +39,7 @@ pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: WindowSizes, even
             max_ctx: sizes.max_ctx as u32,
             kv_f32: sizes.kv_type == blink_model::KvType::F32,
             threads: spec.threads.get(d).copied().unwrap_or(0) as u32,
+            memory: spec.memory.get(d).copied().unwrap_or(0),
         };
         let connected = async {
             let (mut r, mut w) = link::connect(addr, token, Role::Head, MAX_PAYLOAD).await?;

@@ -57,6 +57,8 @@ pub struct RingSpec {
     pub addrs: Vec<String>,
     /// Each device's compute threads (0: its own choice).
     pub threads: Vec<usize>,
+    /// Each device's memory budget in bytes (0: none).
+    pub memory: Vec<u64>,
     pub model_sha256: [u8; 32],
     /// A slow link imitated on every connection into the head.
     pub shim: Shim,

@@ -7,6 +7,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::router::{Dest, Outgoing};
 use crate::placement::Ring;
+use crate::stream::Streamer;
 use crate::wire::{Message, StepFrame};
 use crate::windows::Windows;
 
@@ -31,11 +32,38 @@ impl Route {
     }
 }
 
-pub fn run(mut windows: Windows, route: Route, work: Receiver<StepFrame>, out: UnboundedSender<Outgoing>) {
+/// Run steps until the node's assignment ends. With a `streamer`, each window's weights
+/// are given back once it has run (after its output is sent, for the last window a step
+/// runs here) and the next window is read ahead.
+pub fn run(mut windows: Windows, route: Route, streamer: Option<Streamer>, work: Receiver<StepFrame>, out: UnboundedSender<Outgoing>) {
     let first = windows.layers().next().map_or(0, |w| w.start);
+    if let Some(s) = &streamer {
+        s.prefetch(0);
+    }
     while let Ok(mut frame) = work.recv() {
         let id = frame.id;
-        match run_here(&mut windows, &route, first, &mut frame) {
+        let mut ran = None;
+        let result = loop {
+            if frame.first_layer as usize == first {
+                if let Err(e) = windows.apply(&frame.ops) {
+                    break Err(e);
+                }
+            }
+            match windows.run_frame(&mut frame) {
+                Ok(w) => ran = Some(w),
+                Err(e) => break Err(e),
+            }
+            match route.next(frame.first_layer as usize) {
+                Some(dest) => break Ok(dest),
+                None => {
+                    // The next window is this node's too.
+                    if let (Some(s), Some(w)) = (&streamer, ran.take()) {
+                        s.done(w);
+                    }
+                }
+            }
+        };
+        match result {
             Ok(dest) => {
                 let _ = out.send(Outgoing::Send(dest, Message::Step(frame)));
             }
@@ -43,18 +71,8 @@ pub fn run(mut windows: Windows, route: Route, work: Receiver<StepFrame>, out: U
                 let _ = out.send(Outgoing::Send(Dest::Head, Message::Failed { id, reason }));
             }
         }
-    }
-}
-
-/// Run the frame over this node's windows until it leaves the node; where it goes next.
-fn run_here(windows: &mut Windows, route: &Route, first: usize, frame: &mut StepFrame) -> Result<Dest, String> {
-    loop {
-        if frame.first_layer as usize == first {
-            windows.apply(&frame.ops)?;
-        }
-        windows.run_frame(frame)?;
-        if let Some(dest) = route.next(frame.first_layer as usize) {
-            return Ok(dest);
+        if let (Some(s), Some(w)) = (&streamer, ran) {
+            s.done(w);
         }
     }
 }

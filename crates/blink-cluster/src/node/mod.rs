@@ -27,6 +27,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::auth::{self, Token};
 use crate::link::{self, FrameReader, FrameWriter, Incoming, Shim};
 use crate::placement::Ring;
+use crate::stream::{self, Streamer};
 use crate::wire::{Assign, Message, Role, StepFrame};
 use crate::windows::{WindowSizes, Windows};
 use router::{Dest, Outgoing};
@@ -44,6 +45,8 @@ pub struct NodeOptions {
     pub max_frame: usize,
     /// A slow link imitated on every connection into this node.
     pub shim: Shim,
+    /// Read streamed windows ahead by reading them (`MADV_POPULATE_READ`), not by hint.
+    pub force_prefetch: bool,
 }
 
 /// How long a head may take to send its assignment after connecting.
@@ -60,6 +63,8 @@ struct Node {
     sha256: [u8; 32],
     file: Arc<GgufFile>,
     n_layers: usize,
+    /// Key and value elements one token takes in one layer's cache.
+    kv_per_layer_token: usize,
     assigned: Mutex<Option<Assigned>>,
     out: tmpsc::UnboundedSender<Outgoing>,
 }
@@ -77,7 +82,7 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
         eprintln!("blink node: listening on {local} (model {}, sha256 {})", opts.model.display(), auth::hex(&sha256));
         let (out, out_rx) = tmpsc::unbounded_channel();
         tokio::spawn(router::run(out_rx, opts.token.clone(), out.clone()));
-        let node = Arc::new(Node { n_layers: cfg.n_layers, opts, sha256, file, assigned: Mutex::new(None), out });
+        let node = Arc::new(Node { n_layers: cfg.n_layers, kv_per_layer_token: 2 * cfg.kv_dim(), opts, sha256, file, assigned: Mutex::new(None), out });
         let mut conns = 0u64;
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -118,7 +123,7 @@ impl Node {
         };
         let me = self.clone();
         let loaded = tokio::task::spawn_blocking(move || me.load(&assign)).await.unwrap_or_else(|e| Err(format!("loading panicked: {e}")));
-        let (windows, route) = match loaded {
+        let (windows, route, streamer) = match loaded {
             Ok(l) => l,
             Err(reason) => {
                 eprintln!("blink node: refused the assignment of head {peer}: {reason}");
@@ -129,11 +134,12 @@ impl Node {
             return eprintln!("blink node: head {peer}: {e}");
         }
         let layers: Vec<_> = windows.layers().collect();
-        eprintln!("blink node: head {peer} assigned layers {layers:?}");
+        let how = if streamer.is_some() { "streamed from the file" } else { "resident" };
+        eprintln!("blink node: head {peer} assigned layers {layers:?} ({how})");
         let (work, work_rx) = mpsc::channel();
         let _ = self.out.send(Outgoing::Head { writer: w, conn, addrs: route.addrs.clone() });
         let out = self.out.clone();
-        let spawned = std::thread::Builder::new().name("blink-node-compute".into()).spawn(move || compute::run(windows, route, work_rx, out));
+        let spawned = std::thread::Builder::new().name("blink-node-compute".into()).spawn(move || compute::run(windows, route, streamer, work_rx, out));
         if let Err(e) = spawned {
             return eprintln!("blink node: cannot start the compute thread: {e}");
         }
@@ -185,7 +191,7 @@ impl Node {
     }
 
     /// Check an assignment and load its windows.
-    fn load(&self, a: &Assign) -> Result<(Windows, compute::Route), String> {
+    fn load(&self, a: &Assign) -> Result<(Windows, compute::Route, Option<Streamer>), String> {
         if a.model_sha256 != self.sha256 {
             return Err(format!(
                 "model hash mismatch: this node's {} has sha256 {}, the head's model {}",
@@ -211,17 +217,21 @@ impl Node {
             return Err("an assignment with no room for rows or positions".into());
         }
         let threads = if a.threads > 0 { a.threads as usize } else { self.opts.threads };
-        let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), false)).map_err(|e| e.to_string())?;
-        let sizes = WindowSizes {
-            threads,
-            kv_tokens: a.kv_tokens as usize,
-            kv_type: if a.kv_f32 { KvType::F32 } else { KvType::F16 },
-            max_rows: a.max_rows as usize,
-            max_logit_rows: 1,
-            max_ctx: a.max_ctx as usize,
-        };
+        let kv_type = if a.kv_f32 { KvType::F32 } else { KvType::F16 };
+        // Over the budget, the windows stay in the file's map and are streamed.
+        let weights: u64 = windows.iter().map(|w| stream::layer_bytes(&self.file, w.clone())).sum();
+        let held: usize = windows.iter().map(|w| w.len()).sum();
+        let kv = (held * self.kv_per_layer_token * kv_type.bytes() * a.kv_tokens as usize) as u64;
+        let streamed = a.memory > 0 && weights + kv > a.memory;
+        let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), streamed)).map_err(|e| e.to_string())?;
+        let sizes = WindowSizes { threads, kv_tokens: a.kv_tokens as usize, kv_type, max_rows: a.max_rows as usize, max_logit_rows: 1, max_ctx: a.max_ctx as usize };
+        let streamer = streamed.then(|| Streamer::new(self.file.clone(), &windows, self.opts.force_prefetch));
+        if let Some(s) = &streamer {
+            // Whatever loading touched goes back; the first window is read ahead.
+            (0..windows.len()).for_each(|w| s.release(w));
+        }
         let windows = Windows::new(Arc::new(model), &windows, sizes)?;
         let route = compute::Route { ring, me, head: a.head.map(|h| h as usize), addrs: a.addrs.clone() };
-        Ok((windows, route))
+        Ok((windows, route, streamer))
     }
 }

@@ -42,6 +42,9 @@ pub struct Assign {
     pub kv_f32: bool,
     /// Compute threads the node should use (0: its own choice).
     pub threads: u32,
+    /// The node's memory budget in bytes (0: none); windows that do not fit in it are
+    /// streamed from the file.
+    pub memory: u64,
 }
 
 /// A change to a sequence's cache, applied by every device before the step carrying it
@@ -186,6 +189,7 @@ impl Message {
                 w.u32(a.max_ctx);
                 w.u8(u8::from(a.kv_f32));
                 w.u32(a.threads);
+                w.u64(a.memory);
             }
             Message::Ready => {}
             Message::Step(s) => {
@@ -254,7 +258,8 @@ impl Message {
                     b => return Err(WireError::Invalid(format!("cache type {b}"))),
                 };
                 let threads = r.u32("assignment")?;
-                Message::Assign(Assign { model_sha256, windows, rounds, me, head, addrs, kv_tokens, max_rows, max_ctx, kv_f32, threads })
+                let memory = r.u64("assignment")?;
+                Message::Assign(Assign { model_sha256, windows, rounds, me, head, addrs, kv_tokens, max_rows, max_ctx, kv_f32, threads, memory })
             }
             READY => Message::Ready,
             STEP => {

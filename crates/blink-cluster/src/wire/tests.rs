@@ -21,6 +21,7 @@ fn samples() -> Vec<Message> {
             max_ctx: 2048,
             kv_f32: true,
             threads: 3,
+            memory: 3 << 30,
         }),
         Message::Ready,
         Message::Step(StepFrame {

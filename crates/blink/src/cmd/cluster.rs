@@ -102,6 +102,7 @@ pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes)
         head: file.head,
         addrs: file.devices.iter().map(|d| d.addr.clone().unwrap_or_default()).collect(),
         threads: file.devices.iter().map(|d| d.threads.unwrap_or(0)).collect(),
+        memory: file.devices.iter().map(|d| d.memory.unwrap_or(0)).collect(),
         model_sha256: file_sha256(&model_path).map_err(|e| format!("{}: {e}", model_path.display()))?,
         shim: shim.shim()?,
     };

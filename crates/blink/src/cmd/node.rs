@@ -27,11 +27,15 @@ pub struct Args {
     kernel: KernelArgs,
     #[command(flatten)]
     shim: super::cluster::ShimArgs,
+    /// Read streamed windows ahead by reading them (MADV_POPULATE_READ) rather than by a
+    /// hint the kernel may ignore.
+    #[arg(long = "force-prefetch")]
+    force_prefetch: bool,
 }
 
 pub fn main(args: Args) -> CliResult {
     args.kernel.apply()?;
     let token = Token::read(&args.token_file)?;
-    let opts = NodeOptions { listen: args.listen, token, model: args.model.path()?, threads: resolve_threads(args.threads)?, max_frame: MAX_PAYLOAD, shim: args.shim.shim()? };
+    let opts = NodeOptions { listen: args.listen, token, model: args.model.path()?, threads: resolve_threads(args.threads)?, max_frame: MAX_PAYLOAD, shim: args.shim.shim()?, force_prefetch: args.force_prefetch };
     Ok(node::serve(opts)?)
 }
