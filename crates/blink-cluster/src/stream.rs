@@ -1,20 +1,28 @@
-//! Streamed weights: a device whose windows do not fit its memory budget keeps their
-//! matrices in the file's map (not copied), reads the next window ahead while it sends
-//! the last one's output on, and gives the last one's memory back for real (the
-//! mapping's pages and the page cache's; see `blink_runtime::residency`).
+//! Streamed weights: a device whose windows do not fit its memory budget holds each
+//! window's weights only around its use. The matrices the kernels repack get room
+//! reserved at load but no bytes; before a window runs they are refilled from the file
+//! (read, repacked, and the file's pages given back at once), and after it has run their
+//! memory is given back too (`madvise(MADV_DONTNEED)`). Matrices kept row-major are the
+//! file's own mapped pages, read ahead with the window and given back after it, page
+//! cache included (`blink_runtime::residency`). The next window is refilled while the
+//! other devices compute, right after this one's output has been sent on.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use blink_gguf::GgufFile;
+use blink_model::weights::Matrix;
+use blink_model::Model;
 use blink_runtime::residency;
 
-/// Where each window's tensors lie in the file.
+/// A device's streamed windows.
 pub struct Streamer {
     file: Arc<GgufFile>,
-    /// Per window, its tensors' byte ranges in the file (merged where they touch).
-    spans: Vec<Vec<Range<usize>>>,
-    /// Prefetch by reading (`MADV_POPULATE_READ`) rather than by hint.
+    model: Arc<Model>,
+    windows: Vec<Range<usize>>,
+    /// Which windows are filled (ready to run).
+    filled: Vec<bool>,
+    /// Read ahead by reading (`MADV_POPULATE_READ`) rather than by hint.
     force: bool,
 }
 
@@ -28,81 +36,106 @@ fn layer_of(name: &str) -> Option<usize> {
 }
 
 impl Streamer {
-    pub fn new(file: Arc<GgufFile>, windows: &[Range<usize>], force: bool) -> Streamer {
-        let base = file.tensor_data(&file.tensors()[0]).as_ptr() as usize;
-        let spans = windows
-            .iter()
-            .map(|w| {
-                let mut ranges: Vec<Range<usize>> = file
-                    .tensors()
-                    .iter()
-                    .filter(|t| layer_of(&t.name).is_some_and(|l| w.contains(&l)))
-                    .map(|t| {
-                        let d = file.tensor_data(t);
-                        let at = d.as_ptr() as usize - base;
-                        at..at + d.len()
-                    })
-                    .collect();
-                ranges.sort_by_key(|r| r.start);
-                let mut merged: Vec<Range<usize>> = Vec::new();
-                for r in ranges {
-                    match merged.last_mut() {
-                        // Tensors are aligned to 32 bytes or so: a small gap is the padding.
-                        Some(last) if r.start <= last.end + 4096 => last.end = last.end.max(r.end),
-                        _ => merged.push(r),
-                    }
-                }
-                merged
-            })
-            .collect();
-        Streamer { file, spans, force }
+    /// Streams `windows` of `model`, loaded from `file` with
+    /// [`Matrices::Streamed`](blink_model::Matrices::Streamed).
+    pub fn new(file: Arc<GgufFile>, model: Arc<Model>, windows: &[Range<usize>], force: bool) -> Streamer {
+        Streamer { file, model, windows: windows.to_vec(), filled: vec![false; windows.len()], force }
     }
 
-    fn slices(&self, w: usize) -> impl Iterator<Item = &[u8]> + '_ {
-        let first = &self.file.tensors()[0];
-        let data = self.file.tensor_data(first);
-        // The data section from the first tensor on: every span is inside it.
-        let base = data.as_ptr();
-        self.spans[w].iter().map(move |r| {
-            // SAFETY: each span was measured from tensor slices of this file's bytes, which
-            // the Streamer keeps alive.
-            unsafe { std::slice::from_raw_parts(base.add(r.start), r.len()) }
+    fn matrices(&self, w: usize) -> impl Iterator<Item = &Matrix> + '_ {
+        let part = &self.model.parts[0];
+        self.windows[w].clone().flat_map(move |l| {
+            let lw = part.layer(l);
+            [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]
         })
     }
 
-    /// Read window `w` ahead of use.
-    pub fn prefetch(&self, w: usize) {
-        for s in self.slices(w) {
-            let _ = residency::prefetch(s, self.force);
+    /// The file's bytes of matrix `m`.
+    fn source(&self, m: &Matrix) -> &[u8] {
+        let info = self.file.tensor(&m.name).expect("a matrix of the model's own file");
+        self.file.tensor_data(info)
+    }
+
+    /// Make window `w` ready to run: its row-major matrices read ahead, its repacked ones
+    /// refilled (each file tensor's pages given back once it is repacked).
+    ///
+    /// # Safety
+    /// No step may run on the model meanwhile.
+    pub unsafe fn fill(&mut self, w: usize) {
+        self.filled[w] = true;
+        // Every read of the window is asked for at once (the disk sees a deep queue),
+        // then each repacked matrix is filled as its pages arrive.
+        for m in self.matrices(w) {
+            let _ = residency::prefetch(self.source(m), false);
+        }
+        for m in self.matrices(w) {
+            let src = self.source(m);
+            if m.refillable() {
+                // SAFETY: no step runs (the caller's promise).
+                unsafe { m.refill(src) };
+                // SAFETY: the file's map is read-only and shared.
+                let _ = unsafe { residency::release(src, self.file.file_range(src)) };
+            } else {
+                let _ = residency::prefetch(src, self.force);
+            }
         }
     }
 
-    /// Give window `w`'s memory back.
-    pub fn release(&self, w: usize) {
-        for s in self.slices(w) {
+    /// Give window `w`'s memory back, repacked copies and file pages alike.
+    ///
+    /// # Safety
+    /// No step may run on the model meanwhile, and `w` must be filled again before it runs.
+    pub unsafe fn release(&mut self, w: usize) {
+        self.filled[w] = false;
+        for m in self.matrices(w) {
+            // SAFETY: as the caller promises; a window's matrices are refilled together
+            // before it runs, after any other window's release.
+            unsafe { m.forget() };
+            let src = self.source(m);
             // SAFETY: the file's map is read-only and shared.
-            let _ = unsafe { residency::release(s, self.file.file_range(s)) };
+            let _ = unsafe { residency::release(src, self.file.file_range(src)) };
         }
     }
 
-    /// Bytes of window `w` resident now.
+    /// Bytes of window `w`'s matrices resident now (repacked copies, or the file's pages
+    /// for the ones kept row-major), as `mincore` sees them.
     pub fn resident(&self, w: usize) -> usize {
-        self.slices(w).map(|s| residency::resident(s).unwrap_or(0)).sum()
+        self.matrices(w).map(|m| residency::resident(m.bytes()).unwrap_or(0).min(m.bytes().len())).sum()
     }
 
-    /// Bytes of window `w`'s tensors.
+    /// Bytes of window `w`'s matrices.
     pub fn bytes(&self, w: usize) -> usize {
-        self.spans[w].iter().map(|r| r.len()).sum()
+        self.matrices(w).map(|m| m.bytes().len()).sum()
     }
 
-    /// Window `w` has run and its output is on its way: give it back and read the next
-    /// one ahead (unless it is the same window).
-    pub fn done(&self, w: usize) {
-        let n = self.spans.len();
-        self.release(w);
-        let next = (w + 1) % n;
+    pub fn n_windows(&self) -> usize {
+        self.windows.len()
+    }
+
+    /// Fill window `w` unless it is filled: before it runs.
+    ///
+    /// # Safety
+    /// No step may run on the model meanwhile.
+    pub unsafe fn ensure(&mut self, w: usize) {
+        if !self.filled[w] {
+            // SAFETY: as the caller promises.
+            unsafe { self.fill(w) };
+        }
+    }
+
+    /// Window `w` has run and its output is on its way: give it back and make the next
+    /// one ready (unless it is the same window, which stays).
+    ///
+    /// # Safety
+    /// No step may run on the model meanwhile.
+    pub unsafe fn done(&mut self, w: usize) {
+        let next = (w + 1) % self.windows.len();
         if next != w {
-            self.prefetch(next);
+            // SAFETY: as the caller promises; `next` is filled after `w`'s release.
+            unsafe {
+                self.release(w);
+                self.ensure(next);
+            }
         }
     }
 }

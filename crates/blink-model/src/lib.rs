@@ -28,7 +28,7 @@ pub use forward::{AdapterSlot, ForwardError, RowKind, Scratch, Step, StepInput, 
 pub use kv_cache::{KvCache, KvType, SeqId};
 pub use rope::Rope;
 pub use parallel::tensor::{TensorPart, TensorPlacement, TensorSplit};
-pub use weights::{Share, Weights};
+pub use weights::{Matrices, Share, Weights};
 
 /// Why a model could not be loaded.
 #[derive(Debug, Error)]
@@ -92,8 +92,8 @@ impl Model {
             .map(|node| if placement.numa { Home::Node { topology: &placement.topology, node } } else { Home::Shared })
             .collect();
         let used = weights::Used::default();
-        let rope_freqs = Loader::new(&file, isa, Home::Shared, &used, share.mapped).rope_freqs(&cfg)?;
-        let load = |part: &parallel::tensor::TensorPart, home: Home| Weights::load(&Loader::new(&file, isa, home, &used, share.mapped), &cfg, part, &share);
+        let rope_freqs = Loader::new(&file, isa, Home::Shared, &used, share.matrices).rope_freqs(&cfg)?;
+        let load = |part: &parallel::tensor::TensorPart, home: Home| Weights::load(&Loader::new(&file, isa, home, &used, share.matrices), &cfg, part, &share);
         let parts = if placement.numa {
             // Each node's part is loaded by a thread on that node, all at once: its pages
             // are first touched there, so they are local even where binding is refused

@@ -62,6 +62,7 @@ pub struct Matrix {
     pub cols: usize,
     pub layout: Layout,
     data: Blob,
+    refillable: bool,
 }
 
 impl Matrix {
@@ -75,6 +76,38 @@ impl Matrix {
     #[inline]
     pub fn mat_ref(&self) -> MatRef<'_> {
         MatRef { ty: self.ty, layout: self.layout, rows: self.rows, cols: self.cols, bytes: self.bytes() }
+    }
+
+    /// Whether the matrix is a copy its process refills from the file ([`Matrix::refill`]):
+    /// a streamed window's repacked matrix.
+    pub fn refillable(&self) -> bool {
+        self.refillable
+    }
+
+    /// Fill a refillable matrix from `src`, its tensor's row-major bytes in the file.
+    ///
+    /// # Safety
+    /// No step may run on the model meanwhile (nothing may read the matrix).
+    pub unsafe fn refill(&self, src: &[u8]) {
+        assert!(self.refillable, "{} is not a refillable matrix", self.name);
+        // SAFETY: the caller keeps every reader away; the bytes are this matrix's own
+        // piece of an arena chunk, reserved for it and written only here.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.data.ptr as *mut u8, self.data.len) };
+        let filled = gemm::prepare_into(blink_kernels::cpu::active(), self.ty, self.rows, self.cols, src, out);
+        assert!(filled, "{} was reserved for a packed layout", self.name);
+    }
+
+    /// Give a refillable matrix's memory back; it must be refilled before it is used.
+    ///
+    /// # Safety
+    /// As [`Matrix::refill`]; and no other refillable matrix that is in use may share a
+    /// page with this one (a window's matrices are refilled together, after any other's
+    /// release).
+    pub unsafe fn forget(&self) {
+        if self.refillable {
+            // SAFETY: as the caller promises.
+            let _ = unsafe { blink_runtime::residency::discard(self.bytes()) };
+        }
     }
 
     /// Row `i` dequantized into `out[..cols]` (row-major matrices only).
@@ -138,15 +171,27 @@ pub struct Weights {
     pub layers: Vec<Option<LayerWeights>>,
 }
 
-/// Which of a file's tensors a process loads: every layer (one machine), or a ring
-/// device's windows of layers, with the matrices repacked for the kernels or left in the
-/// file's map (so that a window can be streamed from disk and released).
+/// Which of a file's tensors a process loads (every layer, or a ring device's windows of
+/// layers) and how it holds the matrices.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Share {
     /// The layer windows held; `None` holds every layer.
     pub windows: Option<Vec<Range<usize>>>,
-    /// Leave every matrix in the file's map, row-major, rather than repack it.
-    pub mapped: bool,
+    pub matrices: Matrices,
+}
+
+/// How a process holds its layers' matrices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Matrices {
+    /// Repacked for the kernels where they want it, else in the file's map.
+    #[default]
+    Repacked,
+    /// All in the file's map, row-major: no copy (slower products).
+    Mapped,
+    /// Streamed: the ones the kernels repack get room reserved but not filled (the
+    /// process refills them from the file before each use and gives them back after),
+    /// the others stay in the file's map.
+    Streamed,
 }
 
 impl Share {
@@ -155,9 +200,9 @@ impl Share {
         Share::default()
     }
 
-    /// Only `windows` of layers.
-    pub fn windows(windows: Vec<Range<usize>>, mapped: bool) -> Share {
-        Share { windows: Some(windows), mapped }
+    /// Only `windows` of layers, their matrices held as `matrices` says.
+    pub fn windows(windows: Vec<Range<usize>>, matrices: Matrices) -> Share {
+        Share { windows: Some(windows), matrices }
     }
 
     /// Whether model layer `layer` is held.
@@ -182,8 +227,7 @@ pub(crate) struct Loader<'a> {
     home: Home<'a>,
     arena: Arena<'a>,
     used: &'a Used,
-    /// Leave matrices in the file's map rather than repack them.
-    mapped: bool,
+    matrices: Matrices,
 }
 
 /// The names of the tensors the loaders read, so that a tensor none of them reads (a bias
@@ -205,12 +249,14 @@ impl Used {
 }
 
 impl<'a> Loader<'a> {
-    pub(crate) fn new(file: &'a Arc<GgufFile>, isa: Isa, home: Home<'a>, used: &'a Used, mapped: bool) -> Loader<'a> {
+    pub(crate) fn new(file: &'a Arc<GgufFile>, isa: Isa, home: Home<'a>, used: &'a Used, matrices: Matrices) -> Loader<'a> {
         let node = match home {
             Home::Shared => None,
             Home::Node { topology, node } => Some((topology, node)),
         };
-        Loader { file, isa, home, arena: Arena::new(node), used, mapped }
+        // Streamed copies are given back and refilled window by window: no huge pages.
+        let arena = if matrices == Matrices::Streamed { Arena::small_pages(node) } else { Arena::new(node) };
+        Loader { file, isa, home, arena, used, matrices }
     }
 
     fn info(&self, name: &str) -> Result<&TensorInfo, ModelError> {
@@ -251,18 +297,29 @@ impl<'a> Loader<'a> {
     /// Rows `range` of a matrix with `rows` rows of `cols` inputs, in the layout the kernels
     /// want when `for_products`, else row-major (embedding lookups).
     fn rows(&self, name: &str, cols: usize, rows: usize, range: Range<usize>, for_products: bool) -> Result<Matrix, ModelError> {
+        self.rows_as(name, cols, rows, range, for_products, self.matrices)
+    }
+
+    /// [`Loader::rows`], held as `matrices` says.
+    fn rows_as(&self, name: &str, cols: usize, rows: usize, range: Range<usize>, for_products: bool, matrices: Matrices) -> Result<Matrix, ModelError> {
         let info = self.check_matrix(name, cols, rows)?;
         let data = self.file.tensor_data(info);
         let rb = data.len() / rows.max(1);
         let slice = &data[range.start * rb..range.end * rb];
         let n = range.len();
-        let packed = if for_products && !self.mapped { gemm::prepare(self.isa, info.ty, n, cols, slice) } else { None };
+        if for_products && matrices == Matrices::Streamed {
+            if let Some(len) = gemm::prepared_len(self.isa, info.ty, n, cols) {
+                let piece = self.arena.reserve(len).map_err(|e| ModelError::Placement(e.to_string()))?;
+                return Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout: Layout::Packed, data: Blob::piece(piece), refillable: true });
+            }
+        }
+        let packed = if for_products && matrices == Matrices::Repacked { gemm::prepare(self.isa, info.ty, n, cols, slice) } else { None };
         let (layout, blob) = match (packed, self.home) {
             (Some(p), _) => (Layout::Packed, self.place(&p)?),
             (None, Home::Shared) if n == rows => (Layout::RowMajor, Blob::mapped(slice, self.file)),
             (None, _) => (Layout::RowMajor, self.place(slice)?),
         };
-        Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout, data: blob })
+        Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout, data: blob, refillable: false })
     }
 
     /// A vector of `len` values converted to f32, restricted to `range`.
@@ -317,10 +374,11 @@ impl Weights {
         let qr = part.q_heads.start * hd..part.q_heads.end * hd;
         let kvr = part.kv_heads.start * hd..part.kv_heads.end * hd;
         let token_embd = ld.rows("token_embd.weight", d, vocab, part.vocab_rows.clone(), false)?;
-        let output = match ld.file.tensor("output.weight") {
-            Some(_) => ld.rows("output.weight", d, vocab, part.vocab_rows.clone(), true)?,
-            None => ld.rows("token_embd.weight", d, vocab, part.vocab_rows.clone(), true)?,
-        };
+        // Only layers stream: a process streaming its windows is a ring device that runs
+        // no LM head, which stays in the map.
+        let head = if ld.matrices == Matrices::Streamed { Matrices::Mapped } else { ld.matrices };
+        let output_name = if ld.file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
+        let output = ld.rows_as(output_name, d, vocab, part.vocab_rows.clone(), true, head)?;
         let output_norm = ld.vector("output_norm.weight", d)?;
         let biased = cfg.arch == Arch::Qwen2;
         let qk_norm = cfg.arch == Arch::Qwen3;

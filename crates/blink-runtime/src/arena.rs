@@ -35,27 +35,41 @@ struct Chunk {
 pub struct Arena<'a> {
     node: Option<(&'a Topology, usize)>,
     current: RefCell<Option<Chunk>>,
+    huge: bool,
 }
 
 impl<'a> Arena<'a> {
     pub fn new(node: Option<(&'a Topology, usize)>) -> Arena<'a> {
-        Arena { node, current: RefCell::new(None) }
+        Arena { node, current: RefCell::new(None), huge: true }
+    }
+
+    /// An arena in ordinary pages: for pieces whose memory is given back and taken again
+    /// piece by piece, which a huge page would round up to 2 MiB.
+    pub fn small_pages(node: Option<(&'a Topology, usize)>) -> Arena<'a> {
+        Arena { node, current: RefCell::new(None), huge: false }
     }
 
     /// A copy of `bytes` in the arena.
     pub fn place(&self, bytes: &[u8]) -> Result<Piece, NumaError> {
+        let piece = self.reserve(bytes.len())?;
+        // SAFETY: pieces never overlap and a reserved piece is not referenced yet; the
+        // arena is used from one thread.
+        unsafe { piece.chunk.write_at(piece.at, bytes) };
+        Ok(piece)
+    }
+
+    /// `len` bytes of the arena, zero and untouched (they cost no memory until written):
+    /// for contents filled later, and refilled at will by their owner.
+    pub fn reserve(&self, len: usize) -> Result<Piece, NumaError> {
         let mut current = self.current.borrow_mut();
-        let fits = current.as_ref().is_some_and(|c| c.used.next_multiple_of(PIECE_ALIGN) + bytes.len() <= c.buf.len());
+        let fits = current.as_ref().is_some_and(|c| c.used.next_multiple_of(PIECE_ALIGN) + len <= c.buf.len());
         if !fits {
-            *current = Some(self.chunk(bytes.len())?);
+            *current = Some(self.chunk(len)?);
         }
         let chunk = current.as_mut().expect("a chunk with room");
         let at = chunk.used.next_multiple_of(PIECE_ALIGN);
-        // SAFETY: pieces never overlap and bytes past `used` have never been handed out, so
-        // nothing references them; the arena is used from one thread.
-        unsafe { chunk.buf.write_at(at, bytes) };
-        chunk.used = at + bytes.len();
-        Ok(Piece { chunk: chunk.buf.clone(), at, len: bytes.len() })
+        chunk.used = at + len;
+        Ok(Piece { chunk: chunk.buf.clone(), at, len })
     }
 
     /// A fresh chunk for at least `len` bytes, its use starting on a huge-page boundary.
@@ -65,7 +79,11 @@ impl<'a> Arena<'a> {
             Some((topology, node)) => NodeBuffer::new(topology, node, size)?,
             None => NodeBuffer::unbound(size)?,
         };
-        buf.advise_huge_pages();
+        if self.huge {
+            buf.advise_huge_pages();
+        } else {
+            buf.advise_small_pages();
+        }
         let start = (buf.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - buf.as_ptr() as usize;
         Ok(Chunk { buf: Arc::new(buf), used: start })
     }

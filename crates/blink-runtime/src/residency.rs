@@ -94,6 +94,23 @@ pub unsafe fn release(bytes: &[u8], file: Option<(&File, u64)>) -> io::Result<()
     Ok(())
 }
 
+/// Give back the memory of the whole pages inside `bytes`, anonymous memory whose
+/// contents are no longer wanted: they read as zeros until written again.
+///
+/// # Safety
+/// Nothing may read the pages' old contents after this, and no other live data may
+/// share them (only whole pages inside `bytes` are given back).
+pub unsafe fn discard(bytes: &[u8]) -> io::Result<()> {
+    let p = page();
+    let start = (bytes.as_ptr() as usize).next_multiple_of(p);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / p * p;
+    if end <= start {
+        return Ok(());
+    }
+    // SAFETY: whole pages inside the caller's range, which it gives up.
+    check(unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) })
+}
+
 /// Bytes of `bytes`' pages resident in memory (`mincore`; whole pages).
 pub fn resident(bytes: &[u8]) -> io::Result<usize> {
     if bytes.is_empty() {

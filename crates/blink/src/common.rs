@@ -293,7 +293,8 @@ pub fn load_model(args: &ModelArgs, compute: Option<&ComputeArgs>) -> CliResult<
 
 /// Load with an explicit placement (the kernel path must already be fixed).
 pub fn load_model_placed(args: &ModelArgs, placement: &TensorPlacement) -> CliResult<Loaded> {
-    let share = blink_model::Share { windows: None, mapped: NO_REPACK.load(std::sync::atomic::Ordering::Relaxed) };
+    let matrices = if NO_REPACK.load(std::sync::atomic::Ordering::Relaxed) { blink_model::Matrices::Mapped } else { blink_model::Matrices::Repacked };
+    let share = blink_model::Share { windows: None, matrices };
     let loaded = Loaded::load_share(&args.path()?, placement, share)?;
     for w in &loaded.warnings {
         eprintln!("blink: warning: {w}");

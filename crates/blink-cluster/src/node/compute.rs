@@ -35,10 +35,11 @@ impl Route {
 /// Run steps until the node's assignment ends. With a `streamer`, each window's weights
 /// are given back once it has run (after its output is sent, for the last window a step
 /// runs here) and the next window is read ahead.
-pub fn run(mut windows: Windows, route: Route, streamer: Option<Streamer>, work: Receiver<StepFrame>, out: UnboundedSender<Outgoing>) {
+pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, work: Receiver<StepFrame>, out: UnboundedSender<Outgoing>) {
     let first = windows.layers().next().map_or(0, |w| w.start);
-    if let Some(s) = &streamer {
-        s.prefetch(0);
+    if let Some(s) = &mut streamer {
+        // SAFETY: steps run on this thread only, and none is running.
+        unsafe { s.ensure(0) };
     }
     while let Ok(mut frame) = work.recv() {
         let id = frame.id;
@@ -49,6 +50,10 @@ pub fn run(mut windows: Windows, route: Route, streamer: Option<Streamer>, work:
                     break Err(e);
                 }
             }
+            if let (Some(s), Some(w)) = (&mut streamer, windows.find(frame.first_layer as usize)) {
+                // SAFETY: as above.
+                unsafe { s.ensure(w) };
+            }
             match windows.run_frame(&mut frame) {
                 Ok(w) => ran = Some(w),
                 Err(e) => break Err(e),
@@ -57,8 +62,9 @@ pub fn run(mut windows: Windows, route: Route, streamer: Option<Streamer>, work:
                 Some(dest) => break Ok(dest),
                 None => {
                     // The next window is this node's too.
-                    if let (Some(s), Some(w)) = (&streamer, ran.take()) {
-                        s.done(w);
+                    if let (Some(s), Some(w)) = (&mut streamer, ran.take()) {
+                        // SAFETY: as above: between steps, on the thread that runs them.
+                        unsafe { s.done(w) };
                     }
                 }
             }
@@ -71,8 +77,9 @@ pub fn run(mut windows: Windows, route: Route, streamer: Option<Streamer>, work:
                 let _ = out.send(Outgoing::Send(Dest::Head, Message::Failed { id, reason }));
             }
         }
-        if let (Some(s), Some(w)) = (&streamer, ran) {
-            s.done(w);
+        if let (Some(s), Some(w)) = (&mut streamer, ran) {
+            // SAFETY: as above.
+            unsafe { s.done(w) };
         }
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use blink_gguf::GgufFile;
 use blink_model::config::ModelConfig;
-use blink_model::{KvType, Model, Share, TensorPlacement};
+use blink_model::{KvType, Matrices, Model, Share, TensorPlacement};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc as tmpsc;
 
@@ -223,14 +223,22 @@ impl Node {
         let held: usize = windows.iter().map(|w| w.len()).sum();
         let kv = (held * self.kv_per_layer_token * kv_type.bytes() * a.kv_tokens as usize) as u64;
         let streamed = a.memory > 0 && weights + kv > a.memory;
-        let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), streamed)).map_err(|e| e.to_string())?;
+        let matrices = if streamed { Matrices::Streamed } else { Matrices::Repacked };
+        let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), matrices)).map_err(|e| e.to_string())?;
+        let model = Arc::new(model);
         let sizes = WindowSizes { threads, kv_tokens: a.kv_tokens as usize, kv_type, max_rows: a.max_rows as usize, max_logit_rows: 1, max_ctx: a.max_ctx as usize };
-        let streamer = streamed.then(|| Streamer::new(self.file.clone(), &windows, self.opts.force_prefetch));
-        if let Some(s) = &streamer {
-            // Whatever loading touched goes back; the first window is read ahead.
-            (0..windows.len()).for_each(|w| s.release(w));
+        let streamer = streamed.then(|| Streamer::new(self.file.clone(), model.clone(), &windows, self.opts.force_prefetch));
+        let mut streamer = streamer;
+        if let Some(s) = &mut streamer {
+            // Whatever loading touched goes back (the first window is filled when the
+            // compute thread starts).
+            for w in 0..s.n_windows() {
+                // SAFETY: no step runs before the compute thread starts, and it fills
+                // the first window before any.
+                unsafe { s.release(w) };
+            }
         }
-        let windows = Windows::new(Arc::new(model), &windows, sizes)?;
+        let windows = Windows::new(model, &windows, sizes)?;
         let route = compute::Route { ring, me, head: a.head.map(|h| h as usize), addrs: a.addrs.clone() };
         Ok((windows, route, streamer))
     }

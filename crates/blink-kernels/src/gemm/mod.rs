@@ -115,6 +115,23 @@ pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> 
     }
 }
 
+/// Bytes of the layout `isa`'s kernels want for `ty`, when that is not row-major.
+pub fn prepared_len(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+    match isa {
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon => pack::packed_len(ty, rows, cols),
+        Isa::Scalar => None,
+    }
+}
+
+/// [`prepare`] into `out` ([`prepared_len`] bytes), for a layout that is refilled in
+/// place (a streamed window of a ring); `false` when `ty` stays row-major.
+pub fn prepare_into(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
+    match isa {
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon => pack::pack_into(ty, rows, cols, src, out),
+        Isa::Scalar => false,
+    }
+}
+
 /// Rows a thread's share of a matrix must be aligned to (packed groups never split).
 pub const ROW_ALIGN: usize = GROUP;
 

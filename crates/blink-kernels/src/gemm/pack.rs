@@ -148,12 +148,27 @@ pub fn unpack_block(f: &Fields, src: &[u8], r: usize, blk: &mut [u8]) {
 /// Repack a row-major matrix of `rows` × `cols` elements of `ty` into the interleaved
 /// layout, or `None` if `ty` has no interleaved kernel.
 pub fn pack(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; packed_len(ty, rows, cols)?];
+    pack_into(ty, rows, cols, src, &mut out);
+    Some(out)
+}
+
+/// Bytes of `rows` rows of `cols` elements of `ty` packed, or `None` for a type that is
+/// not packed.
+pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
     let f = Fields::of(ty)?;
+    Some(padded_rows(rows) / GROUP * (cols / 32) * f.group_block())
+}
+
+/// [`pack`] into `out`, which must hold [`packed_len`] bytes; `false` for a type that is
+/// not packed.
+pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
+    let Some(f) = Fields::of(ty) else { return false };
     let n_blocks = cols / 32;
     let row_bytes = n_blocks * f.block;
     assert!(cols.is_multiple_of(32) && src.len() >= rows * row_bytes, "pack: source shorter than its rows");
+    assert_eq!(Some(out.len()), packed_len(ty, rows, cols), "pack: destination of the wrong size");
     let group_block = f.group_block();
-    let mut out = vec![0u8; padded_rows(rows) / GROUP * n_blocks * group_block];
     for (gb, dst) in out.chunks_exact_mut(group_block).enumerate() {
         let (g, b) = (gb / n_blocks, gb % n_blocks);
         let blocks = std::array::from_fn(|r| {
@@ -162,7 +177,7 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8
         });
         pack_group_block(&f, blocks, dst);
     }
-    Some(out)
+    true
 }
 
 #[cfg(test)]

@@ -110,7 +110,13 @@ impl<T: Zeroable> NodeBuffer<T> {
     /// page boundary. Returns whether the kernel took the advice (it may not: huge pages
     /// disabled, or not Linux); the buffer works the same either way.
     pub fn advise_huge_pages(&self) -> bool {
-        self.mapped > 0 && sys::advise_huge_pages(self.ptr.as_ptr().cast(), self.mapped)
+        self.mapped > 0 && sys::advise_huge_pages(self.ptr.as_ptr().cast(), self.mapped, true)
+    }
+
+    /// Ask for ordinary pages only, even where the system backs memory with huge pages
+    /// unasked (for memory given back page by page); whether the kernel accepted it.
+    pub fn advise_small_pages(&self) -> bool {
+        self.mapped > 0 && sys::advise_huge_pages(self.ptr.as_ptr().cast(), self.mapped, false)
     }
 
     /// Copy `src` into elements `at..at + src.len()` through a shared reference, for a

@@ -50,10 +50,12 @@ mod imp {
         libc::munmap(p.cast(), bytes);
     }
 
-    /// `madvise(MADV_HUGEPAGE)` over `[p, p + bytes)`; whether the kernel accepted it.
-    pub(crate) fn advise_huge_pages(p: *mut u8, bytes: usize) -> bool {
+    /// `madvise(MADV_HUGEPAGE)` (or `MADV_NOHUGEPAGE`) over `[p, p + bytes)`; whether the
+    /// kernel accepted it.
+    pub(crate) fn advise_huge_pages(p: *mut u8, bytes: usize, huge: bool) -> bool {
+        let advice = if huge { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
         // SAFETY: advice changes no contents; the kernel validates the range.
-        unsafe { libc::madvise(p.cast(), bytes, libc::MADV_HUGEPAGE) == 0 }
+        unsafe { libc::madvise(p.cast(), bytes, advice) == 0 }
     }
 
     /// Bind `[p, p + bytes)` to `node` with `MPOL_PREFERRED`; `Err(errno)` on failure.
@@ -158,7 +160,7 @@ mod imp {
         }
     }
 
-    pub(crate) fn advise_huge_pages(_p: *mut u8, _bytes: usize) -> bool {
+    pub(crate) fn advise_huge_pages(_p: *mut u8, _bytes: usize, _huge: bool) -> bool {
         false
     }
 

@@ -91,7 +91,7 @@ pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes)
     eprintln!("blink: ring of {} device(s), windows {:?}, {} round(s)", ring.windows().len(), ring.windows(), ring.rounds());
     let head_windows = file.head.map(|h| ring.device_windows(h)).unwrap_or_default();
     let threads = sizes.threads;
-    let loaded = Loaded::load_share(&model_path, &TensorPlacement::flat(threads), Share::windows(head_windows, false))?;
+    let loaded = Loaded::load_share(&model_path, &TensorPlacement::flat(threads), Share::windows(head_windows, blink_model::Matrices::Repacked))?;
     for w in &loaded.warnings {
         eprintln!("blink: warning: {w}");
     }
