@@ -63,20 +63,26 @@ impl Streamer {
     /// No step may run on the model meanwhile.
     pub unsafe fn fill(&mut self, w: usize) {
         self.filled[w] = true;
-        // Every read of the window is asked for at once (the disk sees a deep queue),
-        // then each repacked matrix is filled as its pages arrive.
-        for m in self.matrices(w) {
+        // Each matrix's pages are asked for one matrix ahead of its repacking: the disk
+        // has work queued while a matrix is repacked, and no more of the file is in
+        // memory than the two (under a tight limit, pages read too far ahead would be
+        // evicted before use).
+        let matrices: Vec<&Matrix> = self.matrices(w).collect();
+        if let Some(m) = matrices.first() {
             let _ = residency::prefetch(self.source(m), false);
         }
-        for m in self.matrices(w) {
+        for (i, m) in matrices.iter().enumerate() {
+            if let Some(next) = matrices.get(i + 1) {
+                let _ = residency::prefetch(self.source(next), false);
+            }
             let src = self.source(m);
             if m.refillable() {
                 // SAFETY: no step runs (the caller's promise).
                 unsafe { m.refill(src) };
                 // SAFETY: the file's map is read-only and shared.
                 let _ = unsafe { residency::release(src, self.file.file_range(src)) };
-            } else {
-                let _ = residency::prefetch(src, self.force);
+            } else if self.force {
+                let _ = residency::prefetch(src, true);
             }
         }
     }

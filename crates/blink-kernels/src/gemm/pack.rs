@@ -90,6 +90,16 @@ fn pack_group_block(f: &Fields, blocks: [Option<&[u8]>; GROUP], dst: &mut [u8]) 
         if let Some(m) = f.m {
             dst[m_at + 2 * r..m_at + 2 * r + 2].copy_from_slice(&blk[m..m + 2]);
         }
+        if f.qh.is_none() {
+            // Without fifth bits a lane is four bytes moved whole: an 8-bit lane `l` is
+            // bytes 4l..4l+4, and a 4-bit vector `l` (low nibbles lane l, high nibbles
+            // lane l + 4) is the block's own bytes 4l..4l+4.
+            let lanes = if f.bits == 8 { 8 } else { 4 };
+            for l in 0..lanes {
+                dst[qs_at + 32 * l + 4 * r..][..4].copy_from_slice(&blk[f.qs + 4 * l..][..4]);
+            }
+            continue;
+        }
         let qh = f.qh.map(|o| u32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]));
         for l in 0..8 {
             for k in 0..4 {
@@ -168,6 +178,9 @@ pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, src: &[u8], out: &mut [
     let row_bytes = n_blocks * f.block;
     assert!(cols.is_multiple_of(32) && src.len() >= rows * row_bytes, "pack: source shorter than its rows");
     assert_eq!(Some(out.len()), packed_len(ty, rows, cols), "pack: destination of the wrong size");
+    // Padding rows are zeros, and fifth bits are or-ed in: start from zeros (the
+    // destination may hold an earlier fill).
+    out.fill(0);
     let group_block = f.group_block();
     for (gb, dst) in out.chunks_exact_mut(group_block).enumerate() {
         let (g, b) = (gb / n_blocks, gb % n_blocks);
