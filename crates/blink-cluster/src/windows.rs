@@ -142,6 +142,11 @@ impl Windows {
         }
     }
 
+    /// The step buffers (the last exit's logits).
+    pub fn scratch_mut(&mut self) -> &mut Scratch {
+        &mut self.scratch
+    }
+
     /// Logits of the `i`-th row of the last step that asked for them.
     pub fn logits_mut(&mut self, i: usize) -> &mut [f32] {
         self.scratch.logits_mut(i)

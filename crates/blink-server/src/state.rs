@@ -9,10 +9,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use blink_engine::serve::latency::Coefficients;
-use blink_engine::serve::{Engine, EngineConfig, SloTargets, TrainingPolicy};
+use blink_engine::serve::{Engine, EngineConfig, RemoteSteps, SloTargets, TrainingPolicy};
 use blink_engine::Loaded;
 use blink_model::lora::LoraMix;
-use blink_model::{KvType, Model, TensorPlacement};
+use blink_model::{KvType, Model, Share, TensorPlacement};
 use blink_runtime::numa::Topology;
 use blink_text::{ChatMessage, ChatTemplate, Tokenizer};
 use blink_train::store::{FileStore, StoreError};
@@ -113,6 +113,23 @@ pub struct ModelOptions {
     pub slo: SloTargets,
     pub training: TrainingPolicy,
     pub latency: Option<Coefficients>,
+    /// Serve on a ring of devices: this process is its head.
+    pub ring: Option<RingOption>,
+}
+
+/// Serving on a ring: which layers the head holds, and how it connects to the devices
+/// once its share is loaded (given the engine's sizes).
+#[derive(Clone)]
+pub struct RingOption {
+    pub share: Share,
+    #[allow(clippy::type_complexity)]
+    pub connect: Arc<dyn Fn(Arc<Model>, &EngineConfig) -> Result<Box<dyn RemoteSteps>, String> + Send + Sync>,
+}
+
+impl std::fmt::Debug for RingOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingOption").field("share", &self.share).finish_non_exhaustive()
+    }
 }
 
 impl ModelOptions {
@@ -135,6 +152,7 @@ impl ModelOptions {
             slo: SloTargets::default(),
             training: TrainingPolicy::default(),
             latency: None,
+            ring: None,
         }
     }
 }
@@ -175,7 +193,8 @@ impl Ready {
         let path = &opts.path;
         let threads = if opts.threads > 0 { opts.threads } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
         let placement = opts.placement.clone().unwrap_or_else(|| TensorPlacement::flat(threads));
-        let mut loaded = Loaded::load(path, &placement).map_err(|e| e.to_string())?;
+        let share = opts.ring.as_ref().map_or_else(Share::all, |r| r.share.clone());
+        let mut loaded = Loaded::load_share(path, &placement, share).map_err(|e| e.to_string())?;
         // As llama.cpp's server, a model without a template chats in ChatML.
         if let Some(w) = loaded.chatml_if_missing() {
             loaded.warnings.push(format!("{}: {w}", path.display()));
@@ -233,7 +252,16 @@ impl Ready {
             }
             None => (None, None),
         };
-        let engine = Engine::start_with(model.clone(), eog, cfg, coserve).map_err(|e| e.to_string())?;
+        let engine = match &opts.ring {
+            Some(ring) => {
+                if coserve.is_some() || !opts.adapters.preload.is_empty() {
+                    return Err("adapters and fine-tuning jobs are not served on a ring yet".into());
+                }
+                let remote = (ring.connect)(model.clone(), &cfg)?;
+                Engine::start_remote(model.clone(), eog, cfg, remote).map_err(|e| e.to_string())?
+            }
+            None => Engine::start_with(model.clone(), eog, cfg, coserve).map_err(|e| e.to_string())?,
+        };
         if let Some(jobs) = &fine_tuning {
             // A co-serving engine sleeps while nothing runs: a job handed over wakes it.
             let waker = engine.clone();

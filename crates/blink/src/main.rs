@@ -94,7 +94,7 @@ fn llama_cpp_spellings(args: Vec<std::ffi::OsString>, serving: bool) -> Vec<std:
 
 fn main() {
     let args: Vec<_> = std::env::args_os().collect();
-    let serving = args.get(1).is_some_and(|c| c == "serve" || c == "bench-serve" || c == "replay");
+    let serving = args.get(1).is_some_and(|c| c == "serve" || c == "bench-serve" || c == "replay" || c == "node");
     if !serving {
         // Like other command-line tools, end quietly when the reader of our output goes
         // away (`blink info | head`): Rust ignores SIGPIPE, which turns every later print

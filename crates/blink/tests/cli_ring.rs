@@ -24,8 +24,12 @@ struct Node {
 
 impl Node {
     fn start(token: &Path, model: &Path) -> Node {
+        Node::start_at(token, model, "127.0.0.1:0")
+    }
+
+    fn start_at(token: &Path, model: &Path, listen: &str) -> Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_blink"))
-            .args(["node", "--listen", "127.0.0.1:0", "--token-file", token.to_str().unwrap(), "-m", model.to_str().unwrap(), "-t", "1"])
+            .args(["node", "--listen", listen, "--token-file", token.to_str().unwrap(), "-m", model.to_str().unwrap(), "-t", "1"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -235,5 +239,98 @@ fn failures_are_refused_or_reported_by_name() {
             let _ = Command::new("kill").args(["-CONT", &victim.child.id().to_string()]).status();
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `blink serve` (on a ring when `cluster` is given), its URL, killed when dropped.
+struct Serve {
+    child: Child,
+    url: String,
+}
+
+impl Serve {
+    fn start(model: &Path, cluster: Option<&Path>) -> Serve {
+        let mut args = vec!["serve".to_string(), "-m".into(), model.to_str().unwrap().into(), "--port".into(), "0".into(), "-t".into(), "1".into(), "-c".into(), "512".into()];
+        if let Some(c) = cluster {
+            args.extend(["--cluster".into(), c.to_str().unwrap().into()]);
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_blink")).args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("http://"), "no URL: {line:?}");
+        Serve { child, url: line.trim().to_string() }
+    }
+
+    /// The completion of `prompt` (greedy), or the error's message.
+    fn complete(&self, prompt: &str, max_tokens: usize) -> Result<String, String> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let client = blink_server::client::Client::new(&self.url).unwrap();
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true});
+        let r = rt.block_on(client.post_json("/v1/completions", &body)).map_err(|e| e.to_string())?;
+        let v: serde_json::Value = r.json().map_err(|e| e.to_string())?;
+        match v["choices"][0]["text"].as_str() {
+            Some(t) if r.status == 200 => Ok(t.to_string()),
+            _ => Err(v["error"]["message"].as_str().unwrap_or("no message").to_string()),
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn serving_on_a_ring() {
+    let model = model_path();
+    let dir = temp_dir("serve");
+    let token = write_token(&dir, "ring.token", "a token shared by the whole ring\n");
+    let a = Node::start(&token, &model);
+    let mut b = Node::start(&token, &model);
+    let file = cluster(&dir, "serve.toml", &token, Some(10), &[(&a, 10), (&b, 10)], 1);
+    let ring = Serve::start(&model, Some(&file));
+    let alone = Serve::start(&model, None);
+    // Requests at once, batched by the engine, as one process answers them.
+    let prompts: Vec<String> = (1..=4).map(|i| format!("Count to {i}:")).collect();
+    let answers: Vec<Result<String, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts.iter().map(|p| s.spawn(|| ring.complete(p, 16))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (p, got) in prompts.iter().zip(answers) {
+        assert_eq!(got.unwrap(), alone.complete(p, 16).unwrap(), "{p:?}");
+    }
+    // A node killed during a long request: the request fails at once, naming the device,
+    // and the server stays up.
+    let long = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let r = ring.complete("Hi", 500);
+            (r, Instant::now())
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        b.child.kill().unwrap();
+        let killed = Instant::now();
+        let (r, at) = h.join().unwrap();
+        (r, at.saturating_duration_since(killed))
+    });
+    let err = long.0.unwrap_err();
+    assert!(err.contains(&format!("lost device 3 at {}", b.addr)), "{err}");
+    assert!(long.1 < Duration::from_secs(2), "the request failed {:?} after the kill", long.1);
+    // Restarted on its address, the node rejoins: requests succeed again.
+    let _ = b.child.wait();
+    let addr = b.addr.clone();
+    drop(b);
+    let _b = Node::start_at(&token, &model, &addr);
+    let want = alone.complete(&prompts[0], 16).unwrap();
+    let started = Instant::now();
+    let got = loop {
+        match ring.complete(&prompts[0], 16) {
+            Ok(t) => break t,
+            Err(e) => assert!(started.elapsed() < Duration::from_secs(20), "the ring did not come back: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(got, want);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -77,14 +77,17 @@ pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: WindowSizes, even
                 }
             }
         });
-        let ping = tx.clone();
+        // The pinger holds the queue weakly: once the head lets go of a connection (lost,
+        // or replaced when the ring is joined again) its writer ends.
+        let ping = tx.downgrade();
         tokio::spawn(async move {
             let mut every = tokio::time::interval(PING_EVERY);
             loop {
                 every.tick().await;
                 let at = started.elapsed().as_micros() as u64;
-                if ping.send(Message::Ping { at }).is_err() {
-                    return;
+                match ping.upgrade() {
+                    Some(tx) if tx.send(Message::Ping { at }).is_ok() => {}
+                    _ => return,
                 }
             }
         });

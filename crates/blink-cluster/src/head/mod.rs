@@ -25,9 +25,10 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use blink_engine::serve::RemoteSteps;
 use blink_engine::{EngineError, Steps};
 use blink_model::lora::LoraMix;
-use blink_model::{Model, SeqId, StepInput, StepOutput, StepRow};
+use blink_model::{Model, Scratch, SeqId, StepInput, StepOutput, StepRow};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -70,11 +71,16 @@ enum Event {
     Lost(usize, String),
 }
 
+/// How soon after a failed attempt the head tries to join its ring again.
+const REJOIN_EVERY: Duration = Duration::from_secs(1);
+
 /// The head of a running ring.
 pub struct RingHead {
-    /// Runs the connections' tasks; kept alive with the head.
-    _rt: Runtime,
+    /// Runs the connections' tasks.
+    rt: Runtime,
     spec: RingSpec,
+    token: Token,
+    sizes: WindowSizes,
     /// Per device, the queue of frames its writer task sends (`None`: the head, or a
     /// device with no window).
     senders: Vec<Option<UnboundedSender<Message>>>,
@@ -86,8 +92,10 @@ pub struct RingHead {
     ops: Vec<CacheOp>,
     /// The rows of each step in flight, for its exit.
     in_flight: HashMap<u64, Vec<StepRow>>,
-    /// A lost device's reason: every later step fails with it.
+    /// A lost device's reason: steps fail with it until the ring is joined again.
     broken: Option<String>,
+    /// When the head last tried to join the ring again.
+    last_rejoin: Option<std::time::Instant>,
 }
 
 impl RingHead {
@@ -113,7 +121,44 @@ impl RingHead {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("blink-ring-io").enable_all().build().map_err(|e| format!("the network runtime: {e}"))?;
         let (tx, events) = mpsc::channel();
         let senders = rt.block_on(connect::all(&spec, token, sizes, tx))?;
-        Ok(RingHead { _rt: rt, n_layers, spec, senders, events, windows, next_id: 0, next_seq: 0, ops: Vec::new(), in_flight: HashMap::new(), broken: None })
+        Ok(RingHead {
+            rt,
+            n_layers,
+            spec,
+            token: token.clone(),
+            sizes,
+            senders,
+            events,
+            windows,
+            next_id: 0,
+            next_seq: 0,
+            ops: Vec::new(),
+            in_flight: HashMap::new(),
+            broken: None,
+            last_rejoin: None,
+        })
+    }
+
+    /// After a device was lost: connect to every device again and assign the same plan
+    /// (a restarted node rejoins). At most once per [`REJOIN_EVERY`]; the reason the
+    /// ring is down until then.
+    fn rejoin(&mut self) -> Result<(), EngineError> {
+        let Some(reason) = self.broken.clone() else { return Ok(()) };
+        if self.last_rejoin.is_some_and(|t| t.elapsed() < REJOIN_EVERY) {
+            return Err(EngineError::Remote(reason));
+        }
+        self.last_rejoin = Some(std::time::Instant::now());
+        let (tx, events) = mpsc::channel();
+        match self.rt.block_on(connect::all(&self.spec, &self.token, self.sizes, tx)) {
+            Ok(senders) => {
+                eprintln!("blink: the ring is whole again");
+                // The old connections' tasks end as their queues are let go.
+                (self.senders, self.events) = (senders, events);
+                self.broken = None;
+                Ok(())
+            }
+            Err(e) => Err(EngineError::Remote(format!("{reason} (joining the ring again: {e})"))),
+        }
     }
 
     /// Steps sent and not yet back.
@@ -138,11 +183,8 @@ impl RingHead {
         self.wait_inner().map_err(|e| self.break_with(e))
     }
 
-    fn check(&self) -> Result<(), EngineError> {
-        match &self.broken {
-            Some(reason) => Err(EngineError::Remote(reason.clone())),
-            None => Ok(()),
-        }
+    fn check(&mut self) -> Result<(), EngineError> {
+        self.rejoin()
     }
 
     fn break_with(&mut self, reason: String) -> EngineError {
@@ -230,5 +272,27 @@ impl RingHead {
     /// Forget sequence `seq` on every device (with the next step).
     pub fn release(&mut self, seq: SeqId) {
         self.ops.push(CacheOp::Release { seq: seq as u32 });
+    }
+}
+
+/// The serving engine's steps on the ring: one micro-batch in flight, the engine's
+/// scheduling beside it.
+impl RemoteSteps for RingHead {
+    fn start(&mut self, rows: &[StepRow], released: &[SeqId]) -> Result<(), EngineError> {
+        for &seq in released {
+            self.release(seq);
+        }
+        self.submit(rows).map(|_| ())
+    }
+
+    fn finish(&mut self) -> Result<(), EngineError> {
+        while self.in_flight() > 0 {
+            self.wait()?;
+        }
+        Ok(())
+    }
+
+    fn scratch(&mut self) -> &mut Scratch {
+        self.windows.scratch_mut()
     }
 }

@@ -1,21 +1,49 @@
-//! Executing: a plan's rows run on the local pool (flat, or one part per NUMA node), with
-//! the scheduler's work for the next step beside them. A ring of devices will be another
-//! executor of the same plans.
+//! Executing: a plan's rows run on the local pool (flat, or one part per NUMA node), or
+//! leave this process for a ring of devices ([`RemoteSteps`]), with the scheduler's work
+//! for the next step beside them either way.
+//!
+//! A remote executor keeps the cache's bookkeeping here (a cache of no layers: block
+//! accounting for admission, nothing else) and tells the devices which sequences the
+//! scheduler let go of: a sequence no longer in the bookkeeping, or one starting again
+//! at position 0 under a number it had before, is released on the devices with the next
+//! step.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blink_model::kv_cache::KvBlocks;
-use blink_model::Model;
+use blink_model::{KvCache, Model, Scratch, SeqId, StepRow};
+use blink_runtime::numa::NodePool;
 
 use super::plan::StepPlan;
 use super::EngineConfig;
 use crate::runner::{Runner, RunnerConfig};
 use crate::EngineError;
 
-/// Runs plans on the model's pool, cache and buffers.
-pub(super) struct Executor {
-    pub(super) runner: Runner<Arc<Model>>,
+/// Where steps run when they leave this process (a ring's head implements it). A step's
+/// rows number their sequences as the engine's bookkeeping does.
+pub trait RemoteSteps: Send {
+    /// Start a step of `rows`, after forgetting the sequences `released` on every device.
+    fn start(&mut self, rows: &[StepRow], released: &[SeqId]) -> Result<(), EngineError>;
+    /// Wait for the step started last; the logits of its rows that asked for them are then
+    /// in [`RemoteSteps::scratch`].
+    fn finish(&mut self) -> Result<(), EngineError>;
+    fn scratch(&mut self) -> &mut Scratch;
+}
+
+/// Runs plans on the model's pool, cache and buffers, or on a remote executor.
+pub(super) enum Executor {
+    Local(Runner<Arc<Model>>),
+    Remote(Remote),
+}
+
+/// A remote executor and the bookkeeping kept here.
+pub(super) struct Remote {
+    kv: KvCache,
+    steps: Box<dyn RemoteSteps>,
+    /// Sequences the devices hold, and those to release with the next step.
+    sent: Vec<SeqId>,
+    released: Vec<SeqId>,
 }
 
 impl Executor {
@@ -35,12 +63,83 @@ impl Executor {
             },
         )?;
         runner.kv_mut().limit_cached_tokens(cfg.cached_tokens_limit());
-        Ok(Executor { runner })
+        Ok(Executor::Local(runner))
+    }
+
+    /// Plans run on `steps`; `model` (the head's share) gives the bookkeeping's shape.
+    pub(super) fn remote(model: &Model, cfg: &EngineConfig, steps: Box<dyn RemoteSteps>) -> Result<Executor, EngineError> {
+        let kv = model.try_new_kv_cache_for(0..0, cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("the cache's bookkeeping", cfg.kv_tokens))?;
+        Ok(Executor::Remote(Remote { kv, steps, sent: Vec::new(), released: Vec::new() }))
+    }
+
+    pub(super) fn kv(&self) -> &KvCache {
+        match self {
+            Executor::Local(r) => r.kv(),
+            Executor::Remote(r) => &r.kv,
+        }
+    }
+
+    pub(super) fn kv_mut(&mut self) -> &mut KvCache {
+        match self {
+            Executor::Local(r) => r.kv_mut(),
+            Executor::Remote(r) => &mut r.kv,
+        }
+    }
+
+    /// The local pool (co-served training runs on it); `None` for a remote executor.
+    pub(super) fn pool(&self) -> Option<&NodePool> {
+        match self {
+            Executor::Local(r) => Some(r.pool()),
+            Executor::Remote(_) => None,
+        }
+    }
+
+    /// The cache and the last step's buffers (its logits).
+    pub(super) fn kv_and_scratch(&mut self) -> (&mut KvCache, &mut Scratch) {
+        match self {
+            Executor::Local(r) => r.kv_and_scratch(),
+            Executor::Remote(r) => (&mut r.kv, r.steps.scratch()),
+        }
     }
 
     /// Run `plan`'s step, and `beside` meanwhile with the cache's bookkeeping; returns its
     /// result and the pass's time.
     pub(super) fn execute<R>(&mut self, plan: &StepPlan, beside: impl FnOnce(&mut KvBlocks) -> R) -> Result<(R, Duration), EngineError> {
-        self.runner.run_beside(&plan.rows, &plan.adapters, beside)
+        match self {
+            Executor::Local(r) => r.run_beside(&plan.rows, &plan.adapters, beside),
+            Executor::Remote(r) => r.execute(plan, beside),
+        }
+    }
+}
+
+impl Remote {
+    fn execute<R>(&mut self, plan: &StepPlan, beside: impl FnOnce(&mut KvBlocks) -> R) -> Result<(R, Duration), EngineError> {
+        if !plan.adapters.is_empty() {
+            return Err(EngineError::BadParams("adapters are not served on a ring yet".into()));
+        }
+        // Grow the bookkeeping as a local pass would (positions checked, blocks taken).
+        for row in &plan.rows {
+            self.kv.grow(row.seq, row.pos + 1)?;
+        }
+        self.released.clear();
+        let kv = &self.kv;
+        let restarted = |s: SeqId| plan.rows.iter().any(|r| r.seq == s && r.pos == 0);
+        self.sent.retain(|&s| {
+            let gone = kv.seq_len(s).is_err() || restarted(s);
+            if gone {
+                self.released.push(s);
+            }
+            !gone
+        });
+        for row in &plan.rows {
+            if !self.sent.contains(&row.seq) {
+                self.sent.push(row.seq);
+            }
+        }
+        let started = Instant::now();
+        self.steps.start(&plan.rows, &self.released)?;
+        let out = beside(&mut self.kv);
+        self.steps.finish()?;
+        Ok((out, started.elapsed()))
     }
 }

@@ -39,6 +39,7 @@ use crate::EngineError;
 
 pub use api::{EngineStats, Event, LatencyKindStats, Request, SubmitError, TokenLogprobs, Usage};
 pub use coserve::{CoServe, SloTargets, TrainingPolicy, UnitRun};
+pub use execute::RemoteSteps;
 pub use plan::{Chunk, StepCost, StepPlan};
 
 /// Sizes and limits of the serving engine.
@@ -148,13 +149,25 @@ impl Engine {
 
     /// As [`Engine::start`], with training co-served in the steps' slack through `coserve`.
     pub fn start_with(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, coserve: Option<Box<dyn CoServe>>) -> Result<Engine, EngineError> {
+        Engine::start_inner(model, eog, config, coserve, None)
+    }
+
+    /// As [`Engine::start`], its steps running on `remote` (a ring of devices; `model`
+    /// is the head's share). Prompt prefixes are not shared between requests there (the
+    /// devices' caches hold no prefix cache), and nothing is co-served.
+    pub fn start_remote(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, remote: Box<dyn RemoteSteps>) -> Result<Engine, EngineError> {
+        let config = EngineConfig { prefix_cache: false, ..config };
+        Engine::start_inner(model, eog, config, None, Some(remote))
+    }
+
+    fn start_inner(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, coserve: Option<Box<dyn CoServe>>, remote: Option<Box<dyn RemoteSteps>>) -> Result<Engine, EngineError> {
         if config.max_queue == 0 {
             return Err(EngineError::BadParams("the queue must hold at least one request".into()));
         }
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let occupancy = Arc::new(Occupancy::default());
-        let step_loop = step_loop::StepLoop::new(model, eog, &config, rx, stats.clone(), occupancy.clone(), coserve)?;
+        let step_loop = step_loop::StepLoop::new(model, eog, &config, rx, stats.clone(), occupancy.clone(), coserve, remote)?;
         let capacity_tokens = step_loop.capacity_tokens();
         let thread = std::thread::Builder::new()
             .name("blink-engine".into())

@@ -24,7 +24,7 @@ use blink_model::Model;
 use super::api::EngineStats;
 use super::coserve::CoServe;
 use super::cotrain::CoTraining;
-use super::execute::Executor;
+use super::execute::{Executor, RemoteSteps};
 use super::plan::StepPlan;
 use super::policy::FirstComeFirstServed;
 use super::schedule::Scheduler;
@@ -54,21 +54,25 @@ impl StepLoop {
         stats: Arc<Mutex<EngineStats>>,
         occupancy: Arc<Occupancy>,
         coserve: Option<Box<dyn CoServe>>,
+        remote: Option<Box<dyn RemoteSteps>>,
     ) -> Result<StepLoop, EngineError> {
         eog.sort_unstable();
         let cfg = EngineConfig { max_running: cfg.max_running.max(1), step_tokens: cfg.step_tokens.max(1), max_loras: cfg.max_loras.max(1), ..cfg.clone() };
-        let exec = Executor::new(model, &cfg)?;
+        let exec = match remote {
+            Some(steps) => Executor::remote(&model, &cfg, steps)?,
+            None => Executor::new(model, &cfg)?,
+        };
         let max_rows = cfg.step_tokens.saturating_add(cfg.max_running);
         let plan = || StepPlan::with_capacity(max_rows, cfg.max_running, cfg.max_loras);
         let (plan, next) = (plan(), plan());
         let train = CoTraining::new(&cfg, coserve);
-        let sched = Scheduler::new(cfg, commands, stats, occupancy.clone(), Box::new(FirstComeFirstServed), exec.runner.kv());
+        let sched = Scheduler::new(cfg, commands, stats, occupancy.clone(), Box::new(FirstComeFirstServed), exec.kv());
         Ok(StepLoop { eog, exec, sched, plan, next, train, occupancy })
     }
 
     /// Tokens the whole cache holds.
     pub(super) fn capacity_tokens(&self) -> usize {
-        self.exec.runner.kv().capacity_tokens()
+        self.exec.kv().capacity_tokens()
     }
 
     /// Whether a request has been submitted since the scheduler last looked (one more
@@ -90,9 +94,9 @@ impl StepLoop {
                     self.sched.wait_for_command();
                 }
                 started = Instant::now();
-                self.sched.schedule(self.exec.runner.kv_mut(), decoding, &mut self.plan);
+                self.sched.schedule(self.exec.kv_mut(), decoding, &mut self.plan);
             } else {
-                self.sched.schedule_late(self.exec.runner.kv_mut(), decoding, &mut self.plan);
+                self.sched.schedule_late(self.exec.kv_mut(), decoding, &mut self.plan);
             }
             if self.sched.stop {
                 return;
@@ -102,7 +106,9 @@ impl StepLoop {
                 planned = false;
                 if self.train.offer(&self.sched, None) {
                     let arrived = self.arrival_watch();
-                    self.train.run(self.exec.runner.pool(), false, &arrived, &mut self.sched.stats);
+                    if let Some(pool) = self.exec.pool() {
+                        self.train.run(pool, false, &arrived, &mut self.sched.stats);
+                    }
                 } else if self.sched.running.is_empty() && self.sched.outbox.is_empty() && (!self.sched.idle() || self.train.has_work()) {
                     // Requests that do not fit yet, or training that does not fit the time
                     // it may have: wait for a command instead of spinning.
@@ -133,14 +139,16 @@ impl StepLoop {
                     s.last_batch_rows = self.plan.rows.len();
                     started = now;
                     self.train.observe_pass(&self.plan.cost, compute, &mut self.sched.stats);
-                    let (kv, scratch) = self.exec.runner.kv_and_scratch();
+                    let (kv, scratch) = self.exec.kv_and_scratch();
                     self.sched.update(&self.plan, kv, scratch, &self.eog);
                     if training {
                         // The step's tokens go out first; the unit's time is not the
                         // serving stack's, so the next step's wall time starts after it.
                         self.sched.send_events();
                         let arrived = self.arrival_watch();
-                        self.train.run(self.exec.runner.pool(), true, &arrived, &mut self.sched.stats);
+                        if let Some(pool) = self.exec.pool() {
+                            self.train.run(pool, true, &arrived, &mut self.sched.stats);
+                        }
                         started = Instant::now();
                     }
                     std::mem::swap(&mut self.plan, &mut self.next);

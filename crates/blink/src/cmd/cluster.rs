@@ -13,7 +13,9 @@ use blink_cluster::windows::WindowSizes;
 use blink_cluster::ClusterFile;
 use blink_engine::Loaded;
 use blink_model::config::ModelConfig;
-use blink_model::{Share, TensorPlacement};
+use blink_engine::serve::{EngineConfig, RemoteSteps};
+use blink_model::{Matrices, Share, TensorPlacement};
+use blink_server::state::RingOption;
 use blink_text::{ChatTemplate, Tokenizer};
 
 use crate::common::{CliResult, ComputeArgs, ModelArgs};
@@ -78,24 +80,27 @@ impl HeadSizes {
     }
 }
 
-/// Start the ring of the cluster file at `path` for the model `model` names (the kernel
-/// path must already be fixed).
-pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes) -> CliResult<Head> {
+/// A ring about to start: its plan, the head's share of the model, the token.
+pub struct Prepared {
+    pub spec: RingSpec,
+    pub token: Token,
+    pub share: Share,
+    /// The context the ring is planned for.
+    pub n_ctx: usize,
+}
+
+/// Read the cluster file at `path` and plan the ring (or take its fixed plan) for the
+/// model `model` names at context `ctx`.
+pub fn prepare(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usize>, kv_type: blink_model::KvType) -> CliResult<Prepared> {
     let file = ClusterFile::load(path)?;
     let model_path = model.path()?;
     let gguf = model.open()?;
     let cfg = ModelConfig::from_gguf(&gguf)?;
-    let n_ctx = cfg.context_for(sizes.ctx);
-    let ring = super::plan::ring_of(&file, &gguf, &cfg, n_ctx, sizes.kv_type)?;
+    let n_ctx = cfg.context_for(ctx);
+    let ring = super::plan::ring_of(&file, &gguf, &cfg, n_ctx, kv_type)?;
     drop(gguf);
     eprintln!("blink: ring of {} device(s), windows {:?}, {} round(s)", ring.windows().len(), ring.windows(), ring.rounds());
     let head_windows = file.head.map(|h| ring.device_windows(h)).unwrap_or_default();
-    let threads = sizes.threads;
-    let loaded = Loaded::load_share(&model_path, &TensorPlacement::flat(threads), Share::windows(head_windows, blink_model::Matrices::Repacked))?;
-    for w in &loaded.warnings {
-        eprintln!("blink: warning: {w}");
-    }
-    let Loaded { model, tokenizer, template, .. } = loaded;
     let token = Token::read(&file.token_file)?;
     let spec = RingSpec {
         ring,
@@ -106,8 +111,47 @@ pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes)
         model_sha256: file_sha256(&model_path).map_err(|e| format!("{}: {e}", model_path.display()))?,
         shim: shim.shim()?,
     };
-    let n_batch = sizes.n_batch.clamp(1, n_ctx);
-    let sizes = WindowSizes { threads, kv_tokens: sizes.kv_tokens.unwrap_or(n_ctx), kv_type: sizes.kv_type, max_rows: n_batch, max_logit_rows: sizes.n_logits.clamp(1, n_batch), max_ctx: n_ctx };
-    let ring = RingHead::start(Arc::new(model), spec, &token, sizes)?;
-    Ok(Head { ring, tokenizer, template, n_ctx, n_batch })
+    Ok(Prepared { spec, token, share: Share::windows(head_windows, Matrices::Repacked), n_ctx })
+}
+
+/// Start the ring of the cluster file at `path` for the model `model` names (the kernel
+/// path must already be fixed).
+pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes) -> CliResult<Head> {
+    let p = prepare(path, shim, model, sizes.ctx, sizes.kv_type)?;
+    let model_path = model.path()?;
+    let loaded = Loaded::load_share(&model_path, &TensorPlacement::flat(sizes.threads), p.share)?;
+    for w in &loaded.warnings {
+        eprintln!("blink: warning: {w}");
+    }
+    let Loaded { model, tokenizer, template, .. } = loaded;
+    let n_batch = sizes.n_batch.clamp(1, p.n_ctx);
+    let windows = WindowSizes {
+        threads: sizes.threads,
+        kv_tokens: sizes.kv_tokens.unwrap_or(p.n_ctx),
+        kv_type: sizes.kv_type,
+        max_rows: n_batch,
+        max_logit_rows: sizes.n_logits.clamp(1, n_batch),
+        max_ctx: p.n_ctx,
+    };
+    let ring = RingHead::start(Arc::new(model), p.spec, &p.token, windows)?;
+    Ok(Head { ring, tokenizer, template, n_ctx: p.n_ctx, n_batch })
+}
+
+/// `serve --cluster`: the head's share, and how the server's engine reaches the ring
+/// once the share is loaded.
+pub fn serving(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usize>, kv_type: blink_model::KvType) -> CliResult<RingOption> {
+    let p = prepare(path, shim, model, ctx, kv_type)?;
+    let (spec, token) = (p.spec, p.token);
+    let connect = move |model: Arc<blink_model::Model>, cfg: &EngineConfig| -> Result<Box<dyn RemoteSteps>, String> {
+        let sizes = WindowSizes {
+            threads: cfg.n_threads,
+            kv_tokens: cfg.kv_tokens,
+            kv_type: cfg.kv_type,
+            max_rows: cfg.step_tokens.saturating_add(cfg.max_running),
+            max_logit_rows: cfg.max_running,
+            max_ctx: cfg.max_seq_len,
+        };
+        Ok(Box::new(RingHead::start(model, spec.clone(), &token, sizes)?))
+    };
+    Ok(RingOption { share: p.share, connect: Arc::new(connect) })
 }

@@ -31,6 +31,8 @@ pub struct Args {
     api_key: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    ring: super::cluster::RingArgs,
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 4 << 20)]
     max_body: usize,
@@ -285,10 +287,14 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
         .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
     let url = format!("http://{}", server.addr());
     eprintln!("blink: listening on {url}; loading the model (/health answers 503 until it is ready)");
-    let (model, engine, app) = (args.model.clone(), args.engine.clone(), server.app().clone());
+    let (model, engine, ring, app) = (args.model.clone(), args.engine.clone(), args.ring.clone(), server.app().clone());
     let ready = tokio::task::spawn_blocking(move || -> Result<Ready, String> {
         let path = model.path().map_err(|e| e.to_string())?;
-        app.load(&engine.options(path).map_err(|e| e.to_string())?)
+        let mut opts = engine.options(path).map_err(|e| e.to_string())?;
+        if let Some(file) = &ring.cluster {
+            opts.ring = Some(super::cluster::serving(file, &ring.shim, &model, engine.ctx_size, engine.cache_type).map_err(|e| e.to_string())?);
+        }
+        app.load(&opts)
     });
     let ready = tokio::select! {
         r = ready => r.map_err(|e| format!("loading the model failed: {e}"))??,
