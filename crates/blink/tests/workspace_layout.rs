@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The crates, each allowed to depend only on crates before it.
-const ORDER: &[&str] = &["blink-gguf", "blink-kernels", "blink-runtime", "blink-text", "blink-model", "blink-cluster", "blink-engine", "blink-train", "blink-server", "blink"];
+const ORDER: &[&str] = &["blink-gguf", "blink-kernels", "blink-runtime", "blink-text", "blink-model", "blink-engine", "blink-cluster", "blink-train", "blink-server", "blink"];
 
 const MAX_LINES: usize = 800;
 
