@@ -113,6 +113,32 @@ impl Ring {
         (0..self.rounds).map(|r| r * self.round_layers() + start..r * self.round_layers() + start + w).collect()
     }
 
+    /// The same ring without devices `down`: their windows go to the devices left that
+    /// hold windows, in proportion to what they hold (largest remainders first, ties to
+    /// the earlier device). `None` when no device with a window is left.
+    pub fn without(&self, down: &[usize]) -> Option<Ring> {
+        let up: Vec<usize> = (0..self.windows.len()).filter(|d| !down.contains(d) && self.windows[*d] > 0).collect();
+        let kept: usize = up.iter().map(|&d| self.windows[d]).sum();
+        if kept == 0 {
+            return None;
+        }
+        let total = self.round_layers();
+        let mut windows = vec![0; self.windows.len()];
+        let mut given = 0;
+        let mut rest: Vec<(usize, usize)> = Vec::with_capacity(up.len());
+        for &d in &up {
+            let share = self.windows[d] * total;
+            windows[d] = share / kept;
+            given += windows[d];
+            rest.push((share % kept, d));
+        }
+        rest.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, d) in rest.iter().take(total - given) {
+            windows[d] += 1;
+        }
+        Ring::new(windows, self.rounds).ok()
+    }
+
     /// The devices a token visits, in order, over all rounds (one entry per window).
     pub fn visits(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.rounds).flat_map(move |_| self.windows.iter().enumerate().filter(|(_, &w)| w > 0).map(|(d, _)| d))
@@ -123,6 +149,37 @@ impl Ring {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_ring_without_a_device_gives_its_layers_to_the_others() {
+        let ring = Ring::new(vec![6, 8, 8, 8], 1).unwrap();
+        let less = ring.without(&[2]).unwrap();
+        assert_eq!(less.windows(), [8, 11, 0, 11]);
+        assert_eq!(less.n_layers(), 30);
+        assert_eq!(Ring::new(vec![0, 5, 5], 3).unwrap().without(&[1]).unwrap().windows(), [0, 0, 10]);
+        assert_eq!(ring.without(&[0, 1, 2, 3]), None);
+    }
+
+    proptest! {
+        #[test]
+        fn a_ring_without_devices_keeps_its_layers(windows in proptest::collection::vec(0usize..12, 1..6), rounds in 1usize..4, down in proptest::collection::vec(0usize..6, 0..4)) {
+            prop_assume!(windows.iter().any(|&w| w > 0));
+            let ring = Ring::new(windows.clone(), rounds).unwrap();
+            match ring.without(&down) {
+                Some(less) => {
+                    prop_assert_eq!(less.n_layers(), ring.n_layers());
+                    for d in 0..windows.len() {
+                        if down.contains(&d) || windows[d] == 0 {
+                            prop_assert_eq!(less.windows()[d], 0);
+                        } else {
+                            prop_assert!(less.windows()[d] >= windows[d]);
+                        }
+                    }
+                }
+                None => prop_assert!((0..windows.len()).all(|d| down.contains(&d) || windows[d] == 0)),
+            }
+        }
+    }
 
     #[test]
     fn a_small_ring_by_hand() {

@@ -65,6 +65,10 @@ impl Windows {
         &self.model
     }
 
+    pub fn model_arc(&self) -> Arc<Model> {
+        self.model.clone()
+    }
+
     /// The windows, in the order the device runs them.
     pub fn layers(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         self.windows.iter().map(|w| w.layers.clone())

@@ -317,20 +317,34 @@ fn serving_on_a_ring() {
     let err = long.0.unwrap_err();
     assert!(err.contains(&format!("lost device 3 at {}", b.addr)), "{err}");
     assert!(long.1 < Duration::from_secs(2), "the request failed {:?} after the kill", long.1);
-    // Restarted on its address, the node rejoins: requests succeed again.
+    // The head re-plans over the devices left: the next requests succeed, on a ring of
+    // the head and the other node (the lost node's ten layers shared out: 15 and 15),
+    // with the same text.
+    let want = alone.complete(&prompts[0], 16).unwrap();
+    let until_ok = || {
+        let started = Instant::now();
+        loop {
+            match ring.complete(&prompts[0], 16) {
+                Ok(t) => break t,
+                Err(e) => assert!(started.elapsed() < Duration::from_secs(20), "the ring did not come back: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    assert_eq!(until_ok(), want);
+    assert!(a.log().contains("assigned layers [15..30]"), "{}", a.log());
+    // Restarted on its address, the node rejoins once the ring is idle: the planned ring
+    // runs again.
     let _ = b.child.wait();
     let addr = b.addr.clone();
     drop(b);
-    let _b = Node::start_at(&token, &model, &addr);
-    let want = alone.complete(&prompts[0], 16).unwrap();
+    let b = Node::start_at(&token, &model, &addr);
     let started = Instant::now();
-    let got = loop {
-        match ring.complete(&prompts[0], 16) {
-            Ok(t) => break t,
-            Err(e) => assert!(started.elapsed() < Duration::from_secs(20), "the ring did not come back: {e}"),
-        }
+    while !b.log().contains("assigned layers [20..30]") {
+        assert!(started.elapsed() < Duration::from_secs(20), "the restarted node was not taken back: {}", b.log());
         std::thread::sleep(Duration::from_millis(300));
-    };
-    assert_eq!(got, want);
+        assert_eq!(until_ok(), want);
+    }
+    assert_eq!(until_ok(), want);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -95,3 +95,9 @@ pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: WindowSizes, even
     }
     Ok(senders)
 }
+
+/// Whether the device at `addr` answers and proves the token (a peer's handshake, then
+/// gone).
+pub(super) async fn probe(addr: &str, token: &Token) -> bool {
+    link::connect(addr, token, Role::Peer, MAX_PAYLOAD).await.is_ok()
+}

@@ -19,6 +19,7 @@
 //! on a ring as on one machine, with the same tokens.
 
 mod connect;
+mod rejoin;
 
 use std::collections::HashMap;
 use std::sync::mpsc;
@@ -71,14 +72,13 @@ enum Event {
     Lost(usize, String),
 }
 
-/// How soon after a failed attempt the head tries to join its ring again.
-const REJOIN_EVERY: Duration = Duration::from_secs(1);
-
 /// The head of a running ring.
 pub struct RingHead {
     /// Runs the connections' tasks.
     rt: Runtime,
+    /// The ring the head runs now, and the one it was given.
     spec: RingSpec,
+    planned: RingSpec,
     token: Token,
     sizes: WindowSizes,
     /// Per device, the queue of frames its writer task sends (`None`: the head, or a
@@ -124,6 +124,7 @@ impl RingHead {
         Ok(RingHead {
             rt,
             n_layers,
+            planned: spec.clone(),
             spec,
             token: token.clone(),
             sizes,
@@ -137,28 +138,6 @@ impl RingHead {
             broken: None,
             last_rejoin: None,
         })
-    }
-
-    /// After a device was lost: connect to every device again and assign the same plan
-    /// (a restarted node rejoins). At most once per [`REJOIN_EVERY`]; the reason the
-    /// ring is down until then.
-    fn rejoin(&mut self) -> Result<(), EngineError> {
-        let Some(reason) = self.broken.clone() else { return Ok(()) };
-        if self.last_rejoin.is_some_and(|t| t.elapsed() < REJOIN_EVERY) {
-            return Err(EngineError::Remote(reason));
-        }
-        self.last_rejoin = Some(std::time::Instant::now());
-        let (tx, events) = mpsc::channel();
-        match self.rt.block_on(connect::all(&self.spec, &self.token, self.sizes, tx)) {
-            Ok(senders) => {
-                eprintln!("blink: the ring is whole again");
-                // The old connections' tasks end as their queues are let go.
-                (self.senders, self.events) = (senders, events);
-                self.broken = None;
-                Ok(())
-            }
-            Err(e) => Err(EngineError::Remote(format!("{reason} (joining the ring again: {e})"))),
-        }
     }
 
     /// Steps sent and not yet back.
@@ -278,7 +257,11 @@ impl RingHead {
 /// The serving engine's steps on the ring: one micro-batch in flight, the engine's
 /// scheduling beside it.
 impl RemoteSteps for RingHead {
-    fn start(&mut self, rows: &[StepRow], released: &[SeqId]) -> Result<(), EngineError> {
+    fn start(&mut self, rows: &[StepRow], released: &[SeqId], idle: bool) -> Result<(), EngineError> {
+        if idle {
+            // Nothing the devices hold is live: the ring may change under the step.
+            self.restore();
+        }
         for &seq in released {
             self.release(seq);
         }

@@ -24,7 +24,9 @@ use crate::EngineError;
 /// rows number their sequences as the engine's bookkeeping does.
 pub trait RemoteSteps: Send {
     /// Start a step of `rows`, after forgetting the sequences `released` on every device.
-    fn start(&mut self, rows: &[StepRow], released: &[SeqId]) -> Result<(), EngineError>;
+    /// `idle`: no sequence the devices hold is live (every row starts a sequence), so the
+    /// devices may change under the step.
+    fn start(&mut self, rows: &[StepRow], released: &[SeqId], idle: bool) -> Result<(), EngineError>;
     /// Wait for the step started last; the logits of its rows that asked for them are then
     /// in [`RemoteSteps::scratch`].
     fn finish(&mut self) -> Result<(), EngineError>;
@@ -131,13 +133,15 @@ impl Remote {
             }
             !gone
         });
+        // Nothing left on the devices: every row starts a sequence (no prefix is shared).
+        let idle = self.sent.is_empty();
         for row in &plan.rows {
             if !self.sent.contains(&row.seq) {
                 self.sent.push(row.seq);
             }
         }
         let started = Instant::now();
-        self.steps.start(&plan.rows, &self.released)?;
+        self.steps.start(&plan.rows, &self.released, idle)?;
         let out = beside(&mut self.kv);
         self.steps.finish()?;
         Ok((out, started.elapsed()))
