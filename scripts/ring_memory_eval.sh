@@ -75,9 +75,11 @@ one $((150 * MB))
 echo "== 1. one process, no limit, no repacking (the kernels' row-major cost alone)"
 one $((16 * 1024 * MB))
 fi
-echo "== 2. limits totalling 0.75x the model (3 x 74 MiB), 4 rounds, nodes streaming"
-ring $((74 * MB)) "[2, 14, 14]" 4 'memory = "60MiB"'
-echo "== 2. one process limited to the total (222 MiB), no repacking"
-one $((222 * MB))
+# Three limits totalling 0.75x the model.
+L2=$(( $(stat -c %s "$T") * 3 / 4 / 3 ))
+echo "== 2. limits totalling 0.75x the model (3 x $((L2 / MB)) MiB), 4 rounds, nodes streaming"
+ring "$L2" "[2, 14, 14]" 4 "memory = $((L2 * 8 / 10))"
+echo "== 2. one process limited to the total ($((3 * L2 / MB)) MiB), no repacking"
+one $((3 * L2))
 for c in blink-ring-0 blink-ring-1 blink-ring-2 blink-one; do rmdir "$CG/$c" 2>/dev/null || true; done
 rm -rf "$W"

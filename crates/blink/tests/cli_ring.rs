@@ -24,12 +24,17 @@ struct Node {
 
 impl Node {
     fn start(token: &Path, model: &Path) -> Node {
-        Node::start_at(token, model, "127.0.0.1:0")
+        Node::start_with(token, model, "127.0.0.1:0", &[])
     }
 
     fn start_at(token: &Path, model: &Path, listen: &str) -> Node {
+        Node::start_with(token, model, listen, &[])
+    }
+
+    fn start_with(token: &Path, model: &Path, listen: &str, extra: &[&str]) -> Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_blink"))
             .args(["node", "--listen", listen, "--token-file", token.to_str().unwrap(), "-m", model.to_str().unwrap(), "-t", "1"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -346,5 +351,25 @@ fn serving_on_a_ring() {
         assert_eq!(until_ok(), want);
     }
     assert_eq!(until_ok(), want);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn profile_measures_the_link_to_a_node() {
+    let model = model_path();
+    let dir = temp_dir("probe");
+    let token = write_token(&dir, "ring.token", "a token shared by the whole ring\n");
+    // 5 ms each way (the node's shim on the way in, the prober's on the way back), and
+    // 80 Mbit/s.
+    let node = Node::start_with(&token, &model, "127.0.0.1:0", &["--shim-latency-ms", "5", "--shim-mbps", "80"]);
+    let out = blink(&["profile", "-m", model.to_str().unwrap(), "-t", "1", "--peer", &node.addr, "--token-file", token.to_str().unwrap(), "--shim-latency-ms", "5", "--shim-mbps", "80"]);
+    ok(&out);
+    let profile: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let link = &profile["peers"][0];
+    assert_eq!(link["addr"].as_str(), Some(node.addr.as_str()));
+    let (latency, rate) = (link["latency_s"].as_f64().unwrap(), link["bytes_per_s"].as_f64().unwrap());
+    // A hop costs its latency and a little software; the rate is the shim's, give or take.
+    assert!((0.005..0.05).contains(&latency), "latency {latency} s");
+    assert!((5e6..15e6).contains(&rate), "rate {rate} B/s (80 Mbit/s is 1e7)");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -111,6 +111,7 @@ impl Node {
         match role {
             Role::Head => self.head(r, w, &peer, conn).await,
             Role::Peer => self.peer(r, &peer).await,
+            Role::Probe => self.probe(r, w).await,
         }
     }
 
@@ -174,6 +175,22 @@ impl Node {
                 Ok(m) => eprintln!("blink node: peer {peer} sent {}; ignored", m.name()),
                 Err(link::LinkError::Closed) => return,
                 Err(e) => return eprintln!("blink node: peer {peer}: {e}; closing its connection"),
+            }
+        }
+    }
+
+    /// A prober's connection: its pings and steps straight back (through this node's
+    /// shim, as a step's hop would come).
+    async fn probe(self: Arc<Self>, r: FrameReader, mut w: FrameWriter) {
+        let mut r = Incoming::new(r, self.opts.shim);
+        while let Ok(m) = r.read().await {
+            let back = match m {
+                Message::Ping { at } => Message::Pong { at },
+                m @ Message::Step(_) => m,
+                _ => return,
+            };
+            if w.send(&back).await.is_err() {
+                return;
             }
         }
     }

@@ -4,6 +4,7 @@
 
 mod measure;
 mod memory;
+pub mod peer;
 
 pub use measure::{disk_read_rate, measure};
 pub use memory::memory_now;

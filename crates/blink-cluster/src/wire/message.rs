@@ -11,12 +11,14 @@ use blink_model::RowKind;
 use super::codec::{Reader, Writer};
 use super::WireError;
 
-/// Who is connecting: the head (to give orders and collect results) or a peer node
-/// (to pass steps on round the ring).
+/// Who is connecting: the head (to give orders and collect results), a peer node (to
+/// pass steps on round the ring), or a prober measuring the link (`blink profile
+/// --peer`), whose pings and steps the node sends straight back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Head,
     Peer,
+    Probe,
 }
 
 /// What the head tells a node it holds, and where the ring goes.
@@ -162,6 +164,7 @@ impl Message {
                 w.u8(match role {
                     Role::Head => 1,
                     Role::Peer => 2,
+                    Role::Probe => 3,
                 });
                 w.bytes32(nonce);
             }
@@ -233,6 +236,7 @@ impl Message {
                 let role = match r.u8("hello")? {
                     1 => Role::Head,
                     2 => Role::Peer,
+                    3 => Role::Probe,
                     b => return Err(WireError::Invalid(format!("role {b}"))),
                 };
                 Message::Hello { role, nonce: r.bytes32("hello")? }

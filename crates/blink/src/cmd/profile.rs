@@ -1,6 +1,8 @@
 //! `blink profile`: this device's figures for the ring planner, as JSON: one-row product
 //! rates of each weight type the model uses, memory bandwidth, the memory this process
-//! may use (within a cgroup's limit), and the rate its disk reads the model file.
+//! may use (within a cgroup's limit), the rate its disk reads the model file, and the
+//! links to the peers named with `--peer` (`blink node`s, measured over the ring's
+//! protocol).
 
 use crate::common::{load_model, CliResult, ComputeArgs, ModelArgs};
 
@@ -10,6 +12,14 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     compute: ComputeArgs,
+    /// A peer's `blink node` (host:port) to measure the link to; repeatable.
+    #[arg(long = "peer", value_name = "ADDR")]
+    peers: Vec<String>,
+    /// The ring's token file (needed with --peer).
+    #[arg(long = "token-file", value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    shim: super::cluster::ShimArgs,
 }
 
 pub fn main(args: Args) -> CliResult {
@@ -19,7 +29,14 @@ pub fn main(args: Args) -> CliResult {
     let disk = blink_cluster::profile::disk_read_rate(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let loaded = load_model(&args.model, Some(&args.compute))?;
     let pool = loaded.model.pool(threads)?;
-    let profile = blink_cluster::profile::measure(&loaded.model, &pool, disk, &cpu_name())?;
+    let mut profile = blink_cluster::profile::measure(&loaded.model, &pool, disk, &cpu_name())?;
+    if !args.peers.is_empty() {
+        let token = args.token_file.as_deref().ok_or("--peer needs --token-file (the ring's token)")?;
+        let token = blink_cluster::auth::Token::read(token)?;
+        for addr in &args.peers {
+            profile.peers.push(blink_cluster::profile::peer::measure(addr, &token, args.shim.shim()?)?);
+        }
+    }
     outln!("{}", serde_json::to_string_pretty(&profile)?)?;
     Ok(())
 }
