@@ -11,23 +11,11 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use blink_model::kv_cache::SeqId;
-use blink_model::{KvCache, KvType, Model, Scratch, Step, StepInput, StepOutput, StepRow};
+use blink_model::{KvCache, Model, Scratch, Step, StepInput, StepOutput, StepRow};
+use blink_engine::RunnerConfig;
 use blink_runtime::numa::NodePool;
 
 use crate::wire::{CacheOp, StepFrame};
-
-/// Sizes of a device's windows.
-#[derive(Clone, Copy, Debug)]
-pub struct WindowSizes {
-    pub threads: usize,
-    /// Tokens each window's cache holds over all sequences.
-    pub kv_tokens: usize,
-    pub kv_type: KvType,
-    /// Most rows in a step, and of those most with logits (the head's exit).
-    pub max_rows: usize,
-    pub max_logit_rows: usize,
-    pub max_ctx: usize,
-}
 
 struct Window {
     layers: Range<usize>,
@@ -46,8 +34,9 @@ pub struct Windows {
 }
 
 impl Windows {
-    /// Caches for `windows` (which `model` must hold) and a pool of `sizes.threads`.
-    pub fn new(model: Arc<Model>, windows: &[Range<usize>], sizes: WindowSizes) -> Result<Windows, String> {
+    /// Caches of `sizes.kv_tokens` each for `windows` (which `model` must hold), buffers and
+    /// a pool as `sizes` says (its pool is never detached: the caller waits for each step).
+    pub fn new(model: Arc<Model>, windows: &[Range<usize>], sizes: &RunnerConfig) -> Result<Windows, String> {
         let threads = sizes.threads.max(1);
         let windows = windows
             .iter()

@@ -11,13 +11,13 @@ use super::{Event, RingSpec, PING_EVERY, SILENCE};
 use crate::auth::Token;
 use crate::link::{self, Incoming, LinkError};
 use crate::wire::{Assign, Message, Role, MAX_PAYLOAD};
-use crate::windows::WindowSizes;
+use blink_engine::RunnerConfig;
 
 /// How long a device may take to load its windows after its assignment.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Connect to and assign every device with a window; the queues to write to them.
-pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: WindowSizes, events: mpsc::Sender<Event>) -> Result<Vec<Option<UnboundedSender<Message>>>, String> {
+pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, events: mpsc::Sender<Event>) -> Result<Vec<Option<UnboundedSender<Message>>>, String> {
     let ring = &spec.ring;
     let mut senders = Vec::with_capacity(ring.windows().len());
     let started = Instant::now();

@@ -37,7 +37,8 @@ use crate::auth::Token;
 use crate::link::Shim;
 use crate::placement::Ring;
 use crate::wire::{CacheOp, Message, StepFrame, WireRow};
-use crate::windows::{WindowSizes, Windows};
+use crate::windows::Windows;
+use blink_engine::RunnerConfig;
 
 /// How long a device may stay silent (no frame, no answer to a ping) before it is
 /// taken for lost.
@@ -80,7 +81,7 @@ pub struct RingHead {
     spec: RingSpec,
     planned: RingSpec,
     token: Token,
-    sizes: WindowSizes,
+    sizes: RunnerConfig,
     /// Per device, the queue of frames its writer task sends (`None`: the head, or a
     /// device with no window).
     senders: Vec<Option<UnboundedSender<Message>>>,
@@ -101,7 +102,7 @@ pub struct RingHead {
 impl RingHead {
     /// Connect to the ring's devices and assign them their windows. `model` is the
     /// head's own share (its windows, the embedding and the LM head).
-    pub fn start(model: Arc<Model>, spec: RingSpec, token: &Token, sizes: WindowSizes) -> Result<RingHead, String> {
+    pub fn start(model: Arc<Model>, spec: RingSpec, token: &Token, sizes: RunnerConfig) -> Result<RingHead, String> {
         let ring = &spec.ring;
         let n_layers = model.cfg.n_layers;
         if ring.n_layers() != n_layers {
@@ -117,10 +118,10 @@ impl RingHead {
         if let Some(h) = spec.head {
             own.extend(ring.device_windows(h));
         }
-        let windows = Windows::new(model, &own, sizes)?;
+        let windows = Windows::new(model, &own, &sizes)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("blink-ring-io").enable_all().build().map_err(|e| format!("the network runtime: {e}"))?;
         let (tx, events) = mpsc::channel();
-        let senders = rt.block_on(connect::all(&spec, token, sizes, tx))?;
+        let senders = rt.block_on(connect::all(&spec, token, &sizes, tx))?;
         Ok(RingHead {
             rt,
             n_layers,

@@ -73,7 +73,7 @@ impl RingHead {
     /// own windows reloaded if they changed (and every cache empty).
     fn adopt(&mut self, spec: &RingSpec) -> Result<(), String> {
         let (tx, events) = mpsc::channel();
-        let senders = self.rt.block_on(connect::all(spec, &self.token, self.sizes, tx))?;
+        let senders = self.rt.block_on(connect::all(spec, &self.token, &self.sizes, tx))?;
         let own = |s: &RingSpec| s.head.map(|h| s.ring.device_windows(h)).unwrap_or_default();
         let windows = own(spec);
         let model: Arc<Model> = if windows == own(&self.spec) {
@@ -86,7 +86,7 @@ impl RingHead {
         let n = self.n_layers;
         let mut all = vec![0..0, n..n];
         all.extend(windows);
-        self.windows = Windows::new(model, &all, self.sizes)?;
+        self.windows = Windows::new(model, &all, &self.sizes)?;
         // The old connections' tasks end as their queues are let go.
         (self.senders, self.events) = (senders, events);
         self.spec = spec.clone();

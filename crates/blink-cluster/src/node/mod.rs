@@ -29,7 +29,8 @@ use crate::link::{self, FrameReader, FrameWriter, Incoming, Shim};
 use crate::placement::Ring;
 use crate::stream::{self, Streamer};
 use crate::wire::{Assign, Message, Role, StepFrame};
-use crate::windows::{WindowSizes, Windows};
+use crate::windows::Windows;
+use blink_engine::RunnerConfig;
 use router::{Dest, Outgoing};
 
 /// How a node is started.
@@ -243,7 +244,7 @@ impl Node {
         let matrices = if streamed { Matrices::Streamed } else { Matrices::Repacked };
         let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), matrices)).map_err(|e| e.to_string())?;
         let model = Arc::new(model);
-        let sizes = WindowSizes { threads, kv_tokens: a.kv_tokens as usize, kv_type, max_rows: a.max_rows as usize, max_logit_rows: 1, max_ctx: a.max_ctx as usize };
+        let sizes = RunnerConfig { threads, kv_tokens: a.kv_tokens as usize, kv_type, max_rows: a.max_rows as usize, max_logit_rows: 1, max_ctx: a.max_ctx as usize, detached: false };
         let streamer = streamed.then(|| Streamer::new(self.file.clone(), model.clone(), &windows, self.opts.force_prefetch));
         let mut streamer = streamer;
         if let Some(s) = &mut streamer {
@@ -255,7 +256,7 @@ impl Node {
                 unsafe { s.release(w) };
             }
         }
-        let windows = Windows::new(model, &windows, sizes)?;
+        let windows = Windows::new(model, &windows, &sizes)?;
         let route = compute::Route { ring, me, head: a.head.map(|h| h as usize), addrs: a.addrs.clone() };
         Ok((windows, route, streamer))
     }

@@ -17,7 +17,7 @@ use blink_runtime::numa::NodePool;
 
 use super::plan::StepPlan;
 use super::EngineConfig;
-use crate::runner::{Runner, RunnerConfig};
+use crate::runner::Runner;
 use crate::EngineError;
 
 /// Where steps run when they leave this process (a ring's head implements it). A step's
@@ -49,21 +49,9 @@ pub(super) struct Remote {
 }
 
 impl Executor {
-    /// Buffers for steps of `step_tokens + max_running` rows (every running sequence's
-    /// decode row, and a full prompt budget), on a detached pool.
+    /// The engine's runner ([`EngineConfig::runner_config`]), on a detached pool.
     pub(super) fn new(model: Arc<Model>, cfg: &EngineConfig) -> Result<Executor, EngineError> {
-        let mut runner = Runner::new(
-            model,
-            &RunnerConfig {
-                threads: cfg.n_threads,
-                kv_tokens: cfg.kv_tokens,
-                kv_type: cfg.kv_type,
-                max_rows: cfg.step_tokens.saturating_add(cfg.max_running),
-                max_logit_rows: cfg.max_running,
-                max_ctx: cfg.max_seq_len,
-                detached: true,
-            },
-        )?;
+        let mut runner = Runner::new(model, &cfg.runner_config(true))?;
         runner.kv_mut().limit_cached_tokens(cfg.cached_tokens_limit());
         Ok(Executor::Local(runner))
     }

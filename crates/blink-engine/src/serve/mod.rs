@@ -77,6 +77,21 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The runner's sizes for the engine's steps: `step_tokens + max_running` rows (every
+    /// running sequence's decode row, and a full prompt budget), a logit row per running
+    /// sequence.
+    pub fn runner_config(&self, detached: bool) -> crate::RunnerConfig {
+        crate::RunnerConfig {
+            threads: self.n_threads,
+            kv_tokens: self.kv_tokens,
+            kv_type: self.kv_type,
+            max_rows: self.step_tokens.saturating_add(self.max_running),
+            max_logit_rows: self.max_running,
+            max_ctx: self.max_seq_len,
+            detached,
+        }
+    }
+
     /// Tokens of blocks without owners the prefix cache keeps.
     pub fn cached_tokens_limit(&self) -> usize {
         match (self.prefix_cache, self.prefix_cache_tokens) {

@@ -9,7 +9,7 @@ use blink_cluster::link::Shim;
 
 use blink_cluster::auth::{file_sha256, Token};
 use blink_cluster::head::{RingHead, RingSpec};
-use blink_cluster::windows::WindowSizes;
+use blink_engine::RunnerConfig;
 use blink_cluster::ClusterFile;
 use blink_engine::Loaded;
 use blink_model::config::ModelConfig;
@@ -125,13 +125,14 @@ pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes)
     }
     let Loaded { model, tokenizer, template, .. } = loaded;
     let n_batch = sizes.n_batch.clamp(1, p.n_ctx);
-    let windows = WindowSizes {
+    let windows = RunnerConfig {
         threads: sizes.threads,
         kv_tokens: sizes.kv_tokens.unwrap_or(p.n_ctx),
         kv_type: sizes.kv_type,
         max_rows: n_batch,
         max_logit_rows: sizes.n_logits.clamp(1, n_batch),
         max_ctx: p.n_ctx,
+        detached: false,
     };
     let ring = RingHead::start(Arc::new(model), p.spec, &p.token, windows)?;
     Ok(Head { ring, tokenizer, template, n_ctx: p.n_ctx, n_batch })
@@ -143,15 +144,7 @@ pub fn serving(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usiz
     let p = prepare(path, shim, model, ctx, kv_type)?;
     let (spec, token) = (p.spec, p.token);
     let connect = move |model: Arc<blink_model::Model>, cfg: &EngineConfig| -> Result<Box<dyn RemoteSteps>, String> {
-        let sizes = WindowSizes {
-            threads: cfg.n_threads,
-            kv_tokens: cfg.kv_tokens,
-            kv_type: cfg.kv_type,
-            max_rows: cfg.step_tokens.saturating_add(cfg.max_running),
-            max_logit_rows: cfg.max_running,
-            max_ctx: cfg.max_seq_len,
-        };
-        Ok(Box::new(RingHead::start(model, spec.clone(), &token, sizes)?))
+        Ok(Box::new(RingHead::start(model, spec.clone(), &token, cfg.runner_config(false))?))
     };
     Ok(RingOption { share: p.share, connect: Arc::new(connect) })
 }
