@@ -2,7 +2,9 @@
 //! `BLINK_DOT_ORDER`), with the weights in cache (one matrix reused) against streamed from
 //! memory (100 copies in turn, or the 28 MB output matrix).
 //! `cargo run --release -p blink-kernels --example gemm_stream`; `COLS=1536` changes the
-//! matrices' width (default 576), `ACTS=1,4,16` the activation row counts (default 1,16).
+//! matrices' width (default 576), `ACTS=1,4,16` the activation row counts (default 1,16),
+//! `ROW_MAJOR=1` leaves the matrices as the file has them (packed a group at a time on the
+//! fly).
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out};
@@ -28,8 +30,10 @@ fn main() {
     ] {
         let mut w = vec![0u8; ty.row_bytes((rows * cols) as u64).unwrap() as usize];
         quantize_weights(ty, &values(rows * cols, 1), &mut w).unwrap();
+        let row_major = env("ROW_MAJOR").is_some();
+        let layout = if row_major { Layout::RowMajor } else { Layout::Packed };
         let packed: Vec<Vec<u8>> = (0..copies)
-            .map(|_| prepare(isa, ty, rows, cols, &w).expect("a SIMD path that packs"))
+            .map(|_| if row_major { w.clone() } else { prepare(isa, ty, rows, cols, &w).expect("a SIMD path that packs") })
             .collect();
         let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
@@ -50,7 +54,7 @@ fn main() {
                 let t = std::time::Instant::now();
                 let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act };
                 for i in 0..reps {
-                    let m = MatRef { ty, layout: Layout::Packed, rows, cols, bytes: &packed[i % copies] };
+                    let m = MatRef { ty, layout, rows, cols, bytes: &packed[i % copies] };
                     unsafe {
                         product(isa, order, &m, &a, std::iter::once(0..rows), Out { ptr: out.as_mut_ptr(), ld: rows, accumulate: false })
                     }

@@ -138,6 +138,9 @@ proptest! {
         for isa in paths() {
             let got = run(isa, order, ty, Layout::Packed, &packed, rows, cols, &act, stride, n_act, accumulate);
             prop_assert!(same(&got), "{isa} {ty} {order}: {:?} vs scalar {:?}", got, want);
+            // Row-major: packed a group at a time on the fly (x86), or read as it is.
+            let got = run(isa, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
+            prop_assert!(same(&got), "{isa} {ty} {order} row-major: {:?} vs scalar {:?}", got, want);
         }
     }
 }

@@ -11,8 +11,10 @@
 //! backward products) take these values too.
 //!
 //! Weights come either row-major, as in the file, or repacked by [`prepare`] into the
-//! interleaved layout of [`pack`] that the SIMD kernels of the 32-element formats read.
-//! The k-quants and float types stay row-major; their SIMD kernels read that directly.
+//! interleaved layout of [`pack`] that the SIMD kernels of the 32-element formats read
+//! (on x86 they take row-major matrices too, packing a group of rows at a time on the
+//! fly: a window left in the file's map). The k-quants and float types stay row-major;
+//! their SIMD kernels read that directly.
 
 #[cfg(target_arch = "aarch64")]
 mod neon_fam32;
@@ -154,11 +156,11 @@ pub unsafe fn product(isa: Isa, order: DotOrder, w: &MatRef, act: &ActRows, rows
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut rows = rows.into_iter().filter(|r| !r.is_empty());
     #[cfg(target_arch = "x86_64")]
-    if w.layout == Layout::Packed {
-        let (ty, cols, bytes, a, stride, count) = (w.ty, w.cols, w.bytes, act.bytes, act.stride, act.count);
+    {
+        let (ty, layout, cols, bytes, a, stride, count) = (w.ty, w.layout, w.cols, w.bytes, act.bytes, act.stride, act.count);
         let done = match isa {
-            Isa::Avx512Vnni => x86_fam32::gemm_vnni(order, ty, cols, bytes, &mut rows, a, stride, count, out),
-            Isa::Avx2 => x86_fam32::gemm_avx2(order, ty, cols, bytes, &mut rows, a, stride, count, out),
+            Isa::Avx512Vnni => x86_fam32::gemm_vnni(order, ty, layout, cols, bytes, &mut rows, a, stride, count, out),
+            Isa::Avx2 => x86_fam32::gemm_avx2(order, ty, layout, cols, bytes, &mut rows, a, stride, count, out),
             _ => false,
         };
         if done {

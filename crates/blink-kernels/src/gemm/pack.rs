@@ -16,6 +16,8 @@
 //! qh[l]: bit 4r+k = fifth bit of element 4l+k of row r
 //! ```
 
+use std::ops::Range;
+
 use blink_gguf::GgmlType;
 
 /// Rows per interleaved group.
@@ -80,8 +82,8 @@ pub fn padded_rows(rows: usize) -> usize {
     rows.div_ceil(GROUP) * GROUP
 }
 
-/// Write the original blocks of rows `0..8` (`None`: a zero padding row) into one
-/// group-block `dst`.
+/// Or the original blocks of rows `0..8` (`None`: a zero padding row) of a format with
+/// fifth bits into one zeroed group-block `dst`.
 fn pack_group_block(f: &Fields, blocks: [Option<&[u8]>; GROUP], dst: &mut [u8]) {
     let (m_at, qh_at, qs_at) = f.packed_offsets();
     for (r, blk) in blocks.iter().enumerate() {
@@ -89,16 +91,6 @@ fn pack_group_block(f: &Fields, blocks: [Option<&[u8]>; GROUP], dst: &mut [u8]) 
         dst[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
         if let Some(m) = f.m {
             dst[m_at + 2 * r..m_at + 2 * r + 2].copy_from_slice(&blk[m..m + 2]);
-        }
-        if f.qh.is_none() {
-            // Without fifth bits a lane is four bytes moved whole: an 8-bit lane `l` is
-            // bytes 4l..4l+4, and a 4-bit vector `l` (low nibbles lane l, high nibbles
-            // lane l + 4) is the block's own bytes 4l..4l+4.
-            let lanes = if f.bits == 8 { 8 } else { 4 };
-            for l in 0..lanes {
-                dst[qs_at + 32 * l + 4 * r..][..4].copy_from_slice(&blk[f.qs + 4 * l..][..4]);
-            }
-            continue;
         }
         let qh = f.qh.map(|o| u32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]));
         for l in 0..8 {
@@ -174,23 +166,66 @@ pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
 /// not packed.
 pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
     let Some(f) = Fields::of(ty) else { return false };
-    let n_blocks = cols / 32;
-    let row_bytes = n_blocks * f.block;
-    assert!(cols.is_multiple_of(32) && src.len() >= rows * row_bytes, "pack: source shorter than its rows");
+    assert!(cols.is_multiple_of(32) && src.len() >= rows * (cols / 32) * f.block, "pack: source shorter than its rows");
     assert_eq!(Some(out.len()), packed_len(ty, rows, cols), "pack: destination of the wrong size");
-    // Padding rows are zeros, and fifth bits are or-ed in: start from zeros (the
-    // destination may hold an earlier fill).
-    out.fill(0);
-    let group_block = f.group_block();
-    for (gb, dst) in out.chunks_exact_mut(group_block).enumerate() {
-        let (g, b) = (gb / n_blocks, gb % n_blocks);
-        let blocks = std::array::from_fn(|r| {
-            let row = g * GROUP + r;
-            (row < rows).then(|| &src[row * row_bytes + b * f.block..][..f.block])
-        });
-        pack_group_block(&f, blocks, dst);
+    let group_bytes = (cols / 32) * f.group_block();
+    for (g, dst) in out.chunks_exact_mut(group_bytes).enumerate() {
+        pack_group(&f, cols, src, g * GROUP..(g * GROUP + GROUP).min(rows), dst);
     }
     true
+}
+
+/// Pack rows `rows` (at most [`GROUP`]) of the row-major matrix `src`, `cols` elements a
+/// row, into one group `dst` (every block of the group; missing rows are zeros). The row
+/// kernels of the 32-element formats pack each group this way on the fly, into a buffer
+/// that stays in L1, when a matrix is left in the file's layout (a mapped or streamed
+/// window).
+pub fn pack_group(f: &Fields, cols: usize, src: &[u8], rows: Range<usize>, dst: &mut [u8]) {
+    let n_blocks = cols / 32;
+    let row_bytes = n_blocks * f.block;
+    assert!(rows.len() <= GROUP && src.len() >= rows.end * row_bytes, "pack: rows outside the source");
+    assert_eq!(dst.len(), n_blocks * f.group_block(), "pack: a group of the wrong size");
+    if f.qh.is_none() {
+        if rows.len() < GROUP {
+            dst.fill(0);
+        }
+        // SAFETY: the asserts above bound every row's blocks inside `src` and every
+        // group-block inside `dst`.
+        unsafe { pack_group_whole_lanes(f, n_blocks, src.as_ptr().add(rows.start * row_bytes), row_bytes, rows.len(), dst.as_mut_ptr()) };
+        return;
+    }
+    // Fifth bits are or-ed in: start from zeros (the buffer may hold an earlier group).
+    dst.fill(0);
+    for (b, gb) in dst.chunks_exact_mut(f.group_block()).enumerate() {
+        let blocks = std::array::from_fn(|r| (r < rows.len()).then(|| &src[(rows.start + r) * row_bytes + b * f.block..][..f.block]));
+        pack_group_block(f, blocks, gb);
+    }
+}
+
+/// [`pack_group`] for formats without fifth bits, whose lanes are four bytes moved whole:
+/// an 8-bit lane `l` is bytes `4l..4l+4`, and a 4-bit vector `l` (low nibbles lane `l`,
+/// high nibbles lane `l + 4`) is the block's own bytes `4l..4l+4`.
+///
+/// # Safety
+/// `src` must hold `live` rows of `row_bytes`, and `dst` `n_blocks` group-blocks.
+unsafe fn pack_group_whole_lanes(f: &Fields, n_blocks: usize, src: *const u8, row_bytes: usize, live: usize, dst: *mut u8) {
+    let (m_at, _, qs_at) = f.packed_offsets();
+    let lanes = if f.bits == 8 { 8 } else { 4 };
+    // In the source's order: a group's rows are one run of memory.
+    for r in 0..live {
+        for b in 0..n_blocks {
+            let gb = dst.add(b * f.group_block());
+            let blk = src.add(r * row_bytes + b * f.block);
+            gb.add(2 * r).cast::<u16>().write_unaligned(blk.cast::<u16>().read_unaligned());
+            if let Some(m) = f.m {
+                gb.add(m_at + 2 * r).cast::<u16>().write_unaligned(blk.add(m).cast::<u16>().read_unaligned());
+            }
+            for l in 0..lanes {
+                let lane = blk.add(f.qs + 4 * l).cast::<u32>().read_unaligned();
+                gb.add(qs_at + 32 * l + 4 * r).cast::<u32>().write_unaligned(lane);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! AVX2 / AVX-512-VNNI kernels for the 32-element formats (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`,
-//! `Q8_0`) against their 8-bit activations, over the interleaved layout of [`super::pack`].
+//! `Q8_0`) against their 8-bit activations, over the interleaved layout of [`super::pack`]
+//! (row-major matrices are packed a group at a time on the fly).
 //!
 //! Each block's 32 products reduce to eight exact `i32` lanes of four (VNNI `dpbusd`, or
 //! `maddubs` + `madd` on plain AVX2). The lane-major layout puts lane `l` of eight rows in
@@ -21,7 +22,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::pack::{Fields, GROUP};
+use super::pack::{pack_group, Fields, GROUP};
+use super::Layout;
 use super::Out;
 use crate::order::DotOrder;
 
@@ -394,10 +396,12 @@ impl Shape for Avx2 {
     const WIDE_BLOCK: usize = 2;
 }
 
-/// `out[r][i] (+)= w_i · a_r` for `i` in each range of `rows` (which must start on a group
-/// boundary), `r` in `0..n_act`; `w` is the packed matrix.
+/// `out[r][i] (+)= w_i · a_r` for `i` in each range of `rows`, `r` in `0..n_act`. `w` is
+/// the packed matrix (each range must start on a group boundary), or with `ROW_MAJOR` the
+/// file's row-major one, each group of which is packed on the fly into a buffer that
+/// stays in L1 (no repacked copy: a mapped or streamed window).
 #[inline(always)]
-unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR: bool>(cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     let Some(first) = rows.next() else {
         return;
     };
@@ -437,13 +441,99 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(cols: usize, w: 
             }
         }
     }
+    let mut group = if ROW_MAJOR { GROUP_BUF.take() } else { Vec::new() };
+    group.resize(group_bytes, 0);
     for rows in std::iter::once(first).chain(rows) {
+        if ROW_MAJOR {
+            let row_bytes = n_blocks * F::FIELDS.block;
+            for g in rows.clone().step_by(GROUP) {
+                let live = (rows.end - g).min(GROUP);
+                // A group's rows are one run of memory, and the groups follow each other:
+                // the run `AHEAD` groups on is asked for while this one is packed, a few
+                // lines per block.
+                let ahead = ((g + AHEAD * GROUP) * row_bytes).min(w.len())..((g + (AHEAD + 1) * GROUP) * row_bytes).min(w.len());
+                if live == GROUP && F::FIELDS.qh.is_none() {
+                    assert!(w.len() >= (g + GROUP) * row_bytes, "row-major weights shorter than their rows");
+                    pack_whole_group::<F>(n_blocks, w.as_ptr().add(g * row_bytes), row_bytes, group.as_mut_ptr(), w.as_ptr().add(ahead.start), ahead.len());
+                } else {
+                    for line in ahead.step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(line) as *const i8);
+                    }
+                    pack_group(&F::FIELDS, cols, w, g..g + live, &mut group);
+                }
+                let out = Out { ptr: out.ptr.add(g), ..out };
+                groups::<F, D, BLOCK>(n_blocks, group_bytes, &group, 0..live, act, act_stride, n_act, &scales, &offsets, out);
+            }
+            continue;
+        }
         assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
         assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
         groups::<F, D, BLOCK>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, &offsets, out);
     }
+    if ROW_MAJOR {
+        GROUP_BUF.set(group);
+    }
     ACT_SCALES.set(scales);
     ACT_OFFSETS.set(offsets);
+}
+
+/// Groups ahead of the one being packed whose rows a row-major product prefetches.
+const AHEAD: usize = 2;
+
+/// [`pack_group`] of eight whole rows of a format without fifth bits, whose lanes are
+/// four bytes moved whole: per block, the rows' 16-byte runs of quants are transposed as
+/// 8 × 4 words into four vectors of one lane each (twice for the 32 bytes of `Q8_0`).
+///
+/// The `ahead_bytes` at `ahead` are prefetched meanwhile, spread over the blocks.
+///
+/// # Safety
+/// `src` must hold eight rows of `row_bytes`, and `dst` `n_blocks` group-blocks.
+#[inline(always)]
+unsafe fn pack_whole_group<F: Fam32>(n_blocks: usize, src: *const u8, row_bytes: usize, dst: *mut u8, ahead: *const u8, ahead_bytes: usize) {
+    let f = F::FIELDS;
+    let (m_at, _, qs_at) = f.packed_offsets();
+    assert!(8 * row_bytes <= i32::MAX as usize, "rows too long to gather");
+    let halves = if f.bits == 8 { 2 } else { 1 };
+    let rb = row_bytes as i32;
+    let rows_at = _mm256_setr_epi32(0, rb, 2 * rb, 3 * rb, 4 * rb, 5 * rb, 6 * rb, 7 * rb);
+    // Per 128-bit half (four rows' words `d m`): the four `d`s, then the four `m`s.
+    const D_THEN_M: __m256i = unsafe { std::mem::transmute::<[u8; 32], __m256i>([0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]) };
+    let lines = ahead_bytes.div_ceil(64);
+    let per_block = lines.div_ceil(n_blocks);
+    for b in 0..n_blocks {
+        for line in b * per_block..((b + 1) * per_block).min(lines) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.add(64 * line) as *const i8);
+        }
+        let gb = dst.add(b * f.group_block());
+        let blk = |r: usize| src.add(r * row_bytes + b * f.block);
+        // Each row's first four bytes (`d`, then `m` or two quant bytes) in one gather;
+        // the `d`s, then the `m`s, drawn out of them in row order.
+        let heads = _mm256_i32gather_epi32::<1>(src.add(b * f.block) as *const i32, rows_at);
+        let split = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(heads, D_THEN_M));
+        if f.m.is_some() {
+            debug_assert_eq!((f.m, m_at), (Some(2), 2 * GROUP));
+            _mm256_storeu_si256(gb as *mut __m256i, split);
+        } else {
+            _mm_storeu_si128(gb as *mut __m128i, _mm256_castsi256_si128(split));
+        }
+        for h in 0..halves {
+            let run = |r: usize| blk(r).add(f.qs + 16 * h) as *const __m128i;
+            // Rows r and r + 4 in the two halves of one vector.
+            let pair = |r: usize| _mm256_loadu2_m128i(run(r + 4), run(r));
+            let (a, b, c, d) = (pair(0), pair(1), pair(2), pair(3));
+            let (ab_lo, ab_hi) = (_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+            let (cd_lo, cd_hi) = (_mm256_unpacklo_epi32(c, d), _mm256_unpackhi_epi32(c, d));
+            let lanes = [
+                _mm256_unpacklo_epi64(ab_lo, cd_lo),
+                _mm256_unpackhi_epi64(ab_lo, cd_lo),
+                _mm256_unpacklo_epi64(ab_hi, cd_hi),
+                _mm256_unpackhi_epi64(ab_hi, cd_hi),
+            ];
+            for (l, v) in lanes.into_iter().enumerate() {
+                _mm256_storeu_si256(gb.add(qs_at + 32 * (4 * h + l)) as *mut __m256i, v);
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -454,6 +544,8 @@ thread_local! {
     /// Each activation row's `−offset · Σa` per lane and block, for unsigned forms with an
     /// offset; likewise reused.
     static ACT_OFFSETS: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// One weight group packed on the fly from a row-major matrix; likewise reused.
+    static GROUP_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// The tiles of every weight group in `rows`.
@@ -560,15 +652,17 @@ impl Ahead {
 
 macro_rules! dispatch {
     ($name:ident, $dot:ty, $features:literal) => {
-        /// Run the packed kernel for `ty`; false if `ty` has none.
+        /// Run the kernel for `ty` over `layout`; false if `ty` has none.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(order: DotOrder, ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+        pub(super) unsafe fn $name(order: DotOrder, ty: blink_gguf::GgmlType, layout: Layout, cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
             use blink_gguf::GgmlType as T;
             macro_rules! run {
                 ($f:ty) => {
-                    match order {
-                        DotOrder::Llama => gemm::<$f, $dot, false>(cols, w, rows, act, act_stride, n_act, out),
-                        DotOrder::Block => gemm::<$f, $dot, true>(cols, w, rows, act, act_stride, n_act, out),
+                    match (order, layout) {
+                        (DotOrder::Llama, Layout::Packed) => gemm::<$f, $dot, false, false>(cols, w, rows, act, act_stride, n_act, out),
+                        (DotOrder::Block, Layout::Packed) => gemm::<$f, $dot, true, false>(cols, w, rows, act, act_stride, n_act, out),
+                        (DotOrder::Llama, Layout::RowMajor) => gemm::<$f, $dot, false, true>(cols, w, rows, act, act_stride, n_act, out),
+                        (DotOrder::Block, Layout::RowMajor) => gemm::<$f, $dot, true, true>(cols, w, rows, act, act_stride, n_act, out),
                     }
                 };
             }
