@@ -56,6 +56,13 @@ TOML
   in_cg blink-ring-0 "$B" bench --cluster "$W/ring.toml" -m "$T" -t 1 -p 0 -n 16 -r 2 2>&1 | tail -1
   for i in 0 1 2; do peak "blink-ring-$i"; done
   grep -h assigned "$W"/node*.log
+  # What the nodes really read from the disk, over the warm-up and the two runs' tokens.
+  local read=0 pid
+  for i in 1 2; do
+    pid=$(pgrep -f "blink node --listen 127.0.0.1:950$i" | head -1)
+    read=$((read + $(awk '/^read_bytes/ {print $2}' "/proc/$pid/io")))
+  done
+  echo "the nodes read $((read / MB)) MiB from the disk: $((read / MB / 48)) MiB a token of the 48 decoded"
   pkill -f "blink node --listen 127.0.0.1:95" || true
 }
 
@@ -77,8 +84,19 @@ one $((16 * 1024 * MB))
 fi
 # Three limits totalling 0.75x the model.
 L2=$(( $(stat -c %s "$T") * 3 / 4 / 3 ))
-echo "== 2. limits totalling 0.75x the model (3 x $((L2 / MB)) MiB), 4 rounds, nodes streaming"
-ring "$L2" "[2, 14, 14]" 4 "memory = $((L2 * 8 / 10))"
+echo "== 2. limits totalling 0.75x the model (3 x $((L2 / MB)) MiB), 8 rounds, nodes streaming"
+ring "$L2" "${WINDOWS2:-[1, 7, 7]}" "${ROUNDS2:-8}" "memory = $((L2 * ${MEMPCT2:-80} / 100))"
+# The time to read what the nodes stream each token, at the rate the disk reads the
+# file after a cache drop: two readers at once (the two nodes read together), 4 MiB
+# requests, each half of the file.
+drop_caches
+half=$(( $(stat -c %s "$T") / (8 * MB) + 1 ))
+t0=$(date +%s.%N)
+dd if="$T" of=/dev/null bs=4M count=$half status=none & dd if="$T" of=/dev/null bs=4M skip=$half status=none; wait
+t1=$(date +%s.%N)
+rate=$(python3 -c "print($(stat -c %s "$T") / ($t1 - $t0) / 2**20)")
+streamed=$(grep -ho "[0-9.]* MiB a pass" "$W"/node*.log | awk '{s += $1} END {print s}')
+python3 -c "r=$rate; s=$streamed; print(f'disk reads {r:.0f} MiB/s; the nodes stream {s:.1f} MiB a token: {1000*s/r:.0f} ms of reading a token')"
 echo "== 2. one process limited to the total ($((3 * L2 / MB)) MiB), no repacking"
 one $((3 * L2))
 for c in blink-ring-0 blink-ring-1 blink-ring-2 blink-one; do rmdir "$CG/$c" 2>/dev/null || true; done

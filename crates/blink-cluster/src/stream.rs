@@ -1,11 +1,13 @@
-//! Streamed weights: a device whose windows do not fit its memory budget holds each
-//! window's weights only around its use. The matrices the kernels repack get room
-//! reserved at load but no bytes; before a window runs they are refilled from the file
-//! (read, repacked, and the file's pages given back at once), and after it has run their
-//! memory is given back too (`madvise(MADV_DONTNEED)`). Matrices kept row-major are the
-//! file's own mapped pages, read ahead with the window and given back after it, page
-//! cache included (`blink_runtime::residency`). The next window is refilled while the
-//! other devices compute, right after this one's output has been sent on.
+//! Streamed weights: a device whose windows do not fit its memory budget keeps as many
+//! of them resident as fit beside room for one more, and holds each of the others only
+//! around its use. Where the kernels read the file's layout (on x86, every type) a
+//! window is the file's own mapped pages, read ahead before it runs and given back after
+//! it, page cache included (`blink_runtime::residency`). Elsewhere the matrices the
+//! kernels repack get room reserved at load but no bytes; before a window runs they are
+//! refilled from the file (read, repacked, and the file's pages given back at once), and
+//! after it has run their memory is given back too (`madvise(MADV_DONTNEED)`). The next
+//! streamed window is read while the other devices compute, right after the last one's
+//! output has been sent on.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -22,6 +24,8 @@ pub struct Streamer {
     windows: Vec<Range<usize>>,
     /// Which windows are filled (ready to run).
     filled: Vec<bool>,
+    /// Which windows stay filled (resident) rather than leave after each use.
+    kept: Vec<bool>,
     /// Read ahead by reading (`MADV_POPULATE_READ`) rather than by hint.
     force: bool,
 }
@@ -37,9 +41,32 @@ fn layer_of(name: &str) -> Option<usize> {
 
 impl Streamer {
     /// Streams `windows` of `model`, loaded from `file` with
-    /// [`Matrices::Streamed`](blink_model::Matrices::Streamed).
-    pub fn new(file: Arc<GgufFile>, model: Arc<Model>, windows: &[Range<usize>], force: bool) -> Streamer {
-        Streamer { file, model, windows: windows.to_vec(), filled: vec![false; windows.len()], force }
+    /// [`Matrices::Streamed`](blink_model::Matrices::Streamed), keeping resident the windows
+    /// that fit in `budget` bytes beside room for the largest of them (in order: the
+    /// first ones).
+    pub fn new(file: Arc<GgufFile>, model: Arc<Model>, windows: &[Range<usize>], budget: u64, force: bool) -> Streamer {
+        let n = windows.len();
+        let mut s = Streamer { file, model, windows: windows.to_vec(), filled: vec![false; n], kept: vec![false; n], force };
+        let bytes: Vec<u64> = (0..n).map(|w| s.bytes(w) as u64).collect();
+        let mut room = budget.saturating_sub(bytes.iter().copied().max().unwrap_or(0));
+        for w in 0..n.saturating_sub(1) {
+            if bytes[w] > room {
+                break;
+            }
+            room -= bytes[w];
+            s.kept[w] = true;
+        }
+        s
+    }
+
+    /// How many windows stay resident.
+    pub fn n_kept(&self) -> usize {
+        self.kept.iter().filter(|&&k| k).count()
+    }
+
+    /// Bytes read from the file for each pass over the windows: the streamed ones'.
+    pub fn streamed_bytes(&self) -> usize {
+        (0..self.n_windows()).filter(|&w| !self.kept[w]).map(|w| self.bytes(w)).sum()
     }
 
     fn matrices(&self, w: usize) -> impl Iterator<Item = &Matrix> + '_ {
@@ -97,9 +124,16 @@ impl Streamer {
             // SAFETY: as the caller promises; a window's matrices are refilled together
             // before it runs, after any other window's release.
             unsafe { m.forget() };
-            let src = self.source(m);
+        }
+        // The file's pages go as one span (the window's tensors lie together): the page
+        // cache keeps a large folio that straddles a range's end, and a span has two
+        // ends where each matrix has its own.
+        let (start, end) = self.matrices(w).map(|m| self.source(m).as_ptr_range()).fold((usize::MAX, 0), |(s, e), r| (s.min(r.start as usize), e.max(r.end as usize)));
+        if start < end {
+            let map = self.file.bytes();
+            let span = &map[start - map.as_ptr() as usize..end - map.as_ptr() as usize];
             // SAFETY: the file's map is read-only and shared.
-            let _ = unsafe { residency::release(src, self.file.file_range(src)) };
+            let _ = unsafe { residency::release(span, self.file.file_range(span)) };
         }
     }
 
@@ -118,6 +152,19 @@ impl Streamer {
         self.windows.len()
     }
 
+    /// Before the first step: fill the resident windows and the first streamed one.
+    ///
+    /// # Safety
+    /// No step may run on the model meanwhile.
+    pub unsafe fn start(&mut self) {
+        for w in 0..self.n_windows() {
+            if self.kept[w] || w == self.n_kept() {
+                // SAFETY: as the caller promises.
+                unsafe { self.ensure(w) };
+            }
+        }
+    }
+
     /// Fill window `w` unless it is filled: before it runs.
     ///
     /// # Safety
@@ -129,13 +176,17 @@ impl Streamer {
         }
     }
 
-    /// Window `w` has run and its output is on its way: give it back and make the next
-    /// one ready (unless it is the same window, which stays).
+    /// Window `w` has run and its output is on its way: a streamed window is given back
+    /// and the next streamed one made ready (unless it is the same window, which stays).
     ///
     /// # Safety
     /// No step may run on the model meanwhile.
     pub unsafe fn done(&mut self, w: usize) {
-        let next = (w + 1) % self.windows.len();
+        if self.kept[w] {
+            return;
+        }
+        let n = self.n_windows();
+        let next = (1..=n).map(|i| (w + i) % n).find(|&v| !self.kept[v]).unwrap_or(w);
         if next != w {
             // SAFETY: as the caller promises; `next` is filled after `w`'s release.
             unsafe {

@@ -225,6 +225,11 @@ impl GgufFile {
         matches!(self.backing, Backing::Mapped(..))
     }
 
+    /// The whole file's bytes (its map, or the buffer it was read into).
+    pub fn bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+
     /// Size of the whole file in bytes.
     pub fn file_size(&self) -> u64 {
         self.backing.bytes().len() as u64

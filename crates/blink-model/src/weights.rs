@@ -188,9 +188,9 @@ pub enum Matrices {
     Repacked,
     /// All in the file's map, row-major: no copy (slower products).
     Mapped,
-    /// Streamed: the ones the kernels repack get room reserved but not filled (the
-    /// process refills them from the file before each use and gives them back after),
-    /// the others stay in the file's map.
+    /// Streamed: in the file's map where the kernels read the file's layout (on x86,
+    /// every type), else room reserved but not filled for a repacked copy, which the
+    /// process refills from the file before each use and gives back after.
     Streamed,
 }
 
@@ -307,7 +307,7 @@ impl<'a> Loader<'a> {
         let rb = data.len() / rows.max(1);
         let slice = &data[range.start * rb..range.end * rb];
         let n = range.len();
-        if for_products && matrices == Matrices::Streamed {
+        if for_products && matrices == Matrices::Streamed && !gemm::reads_row_major(self.isa, info.ty) {
             if let Some(len) = gemm::prepared_len(self.isa, info.ty, n, cols) {
                 let piece = self.arena.reserve(len).map_err(|e| ModelError::Placement(e.to_string()))?;
                 return Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout: Layout::Packed, data: Blob::piece(piece), refillable: true });

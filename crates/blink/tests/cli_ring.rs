@@ -145,7 +145,7 @@ fn rings_give_the_tokens_of_one_process() {
     let out = greedy(&model, prompt, Some(&dir.join("streamed.toml")));
     ok(&out);
     assert_eq!(stdout(&out), stdout(&greedy(&model, prompt, None)), "streamed, {prompt:?}");
-    assert!(b.log().contains("assigned layers [20..30] (streamed from the file)"), "{}", b.log());
+    assert!(b.log().contains("assigned layers [20..30] (0 of 1 windows resident, the others streamed from the file"), "{}", b.log());
 
     // `bench --cluster`: a prompt, and four sequences in one micro-batch, then in two
     // going round at once.

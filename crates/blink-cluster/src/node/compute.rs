@@ -39,7 +39,7 @@ pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, w
     let first = windows.layers().next().map_or(0, |w| w.start);
     if let Some(s) = &mut streamer {
         // SAFETY: steps run on this thread only, and none is running.
-        unsafe { s.ensure(0) };
+        unsafe { s.start() };
     }
     while let Ok(mut frame) = work.recv() {
         let id = frame.id;

@@ -136,7 +136,10 @@ impl Node {
             return eprintln!("blink node: head {peer}: {e}");
         }
         let layers: Vec<_> = windows.layers().collect();
-        let how = if streamer.is_some() { "streamed from the file" } else { "resident" };
+        let how = match &streamer {
+            Some(s) => format!("{} of {} windows resident, the others streamed from the file, {:.1} MiB a pass", s.n_kept(), s.n_windows(), s.streamed_bytes() as f64 / (1 << 20) as f64),
+            None => "resident".to_string(),
+        };
         eprintln!("blink node: head {peer} assigned layers {layers:?} ({how})");
         let (work, work_rx) = mpsc::channel();
         let _ = self.out.send(Outgoing::Head { writer: w, conn, addrs: route.addrs.clone() });
@@ -245,7 +248,7 @@ impl Node {
         let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), matrices)).map_err(|e| e.to_string())?;
         let model = Arc::new(model);
         let sizes = RunnerConfig { threads, kv_tokens: a.kv_tokens as usize, kv_type, max_rows: a.max_rows as usize, max_logit_rows: 1, max_ctx: a.max_ctx as usize, detached: false };
-        let streamer = streamed.then(|| Streamer::new(self.file.clone(), model.clone(), &windows, self.opts.force_prefetch));
+        let streamer = streamed.then(|| Streamer::new(self.file.clone(), model.clone(), &windows, a.memory.saturating_sub(kv), self.opts.force_prefetch));
         let mut streamer = streamer;
         if let Some(s) = &mut streamer {
             // Whatever loading touched goes back (the first window is filled when the

@@ -117,6 +117,16 @@ pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> 
     }
 }
 
+/// Whether `isa`'s kernels run `ty` from the file's row-major layout without a repacked
+/// copy (at a cost, for the 32-element formats, of packing each group on the fly): a
+/// window that is streamed is then left in the file's map.
+pub fn reads_row_major(isa: Isa, ty: GgmlType) -> bool {
+    match isa {
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Scalar => true,
+        Isa::Neon => Fields::of(ty).is_none(),
+    }
+}
+
 /// Bytes of the layout `isa`'s kernels want for `ty`, when that is not row-major.
 pub fn prepared_len(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
     match isa {
