@@ -266,6 +266,14 @@ impl Serve {
         Serve { child, url: line.trim().to_string() }
     }
 
+    /// `/health`: its status code and body.
+    fn health(&self) -> (u16, serde_json::Value) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let client = blink_server::client::Client::new(&self.url).unwrap();
+        let r = rt.block_on(client.get("/health")).unwrap();
+        (r.status, r.json().unwrap())
+    }
+
     /// The completion of `prompt` (greedy), or the error's message.
     fn complete(&self, prompt: &str, max_tokens: usize) -> Result<String, String> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -322,6 +330,10 @@ fn serving_on_a_ring() {
     let err = long.0.unwrap_err();
     assert!(err.contains(&format!("lost device 3 at {}", b.addr)), "{err}");
     assert!(long.1 < Duration::from_secs(2), "the request failed {:?} after the kill", long.1);
+    // `/health` says the ring is down, naming the device, until the head joins a ring again.
+    let (status, body) = ring.health();
+    assert_eq!(status, 503, "{body}");
+    assert!(body["error"].as_str().is_some_and(|e| e.contains(&format!("the ring is down: lost device 3 at {}", b.addr))), "{body}");
     // The head re-plans over the devices left: the next requests succeed, on a ring of
     // the head and the other node (the lost node's ten layers shared out: 15 and 15),
     // with the same text.
@@ -338,6 +350,7 @@ fn serving_on_a_ring() {
     };
     assert_eq!(until_ok(), want);
     assert!(a.log().contains("assigned layers [15..30]"), "{}", a.log());
+    assert_eq!(ring.health().0, 200, "re-planned, the ring runs again");
     // Restarted on its address, the node rejoins once the ring is idle: the planned ring
     // runs again.
     let _ = b.child.wait();
@@ -351,6 +364,15 @@ fn serving_on_a_ring() {
         assert_eq!(until_ok(), want);
     }
     assert_eq!(until_ok(), want);
+    assert_eq!(ring.health().0, 200, "the planned ring runs again");
+    // Killed while the ring is idle: `/health` says so within 2 s, with no request sent.
+    let mut b = b;
+    b.child.kill().unwrap();
+    let killed = Instant::now();
+    while ring.health().0 == 200 {
+        assert!(killed.elapsed() < Duration::from_secs(2), "/health still ok {:?} after an idle node was killed", killed.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -2,12 +2,12 @@
 //! a queue, a reader task passing frames on as events (or the device's loss), and a
 //! pinger that keeps a quiet device answering.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::{Event, RingSpec, PING_EVERY, SILENCE};
+use super::{Event, Health, RingSpec, PING_EVERY, SILENCE};
 use crate::auth::Token;
 use crate::link::{self, Incoming, LinkError};
 use crate::wire::{Assign, Message, Role, MAX_PAYLOAD};
@@ -16,8 +16,9 @@ use blink_engine::RunnerConfig;
 /// How long a device may take to load its windows after its assignment.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Connect to and assign every device with a window; the queues to write to them.
-pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, events: mpsc::Sender<Event>) -> Result<Vec<Option<UnboundedSender<Message>>>, String> {
+/// Connect to and assign every device with a window; the queues to write to them. The
+/// connections' tasks mark `health` down (as of their generation) when a device is lost.
+pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, events: mpsc::Sender<Event>, health: (Arc<Health>, u64)) -> Result<Vec<Option<UnboundedSender<Message>>>, String> {
     let ring = &spec.ring;
     let mut senders = Vec::with_capacity(ring.windows().len());
     let started = Instant::now();
@@ -52,12 +53,19 @@ pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, ev
         };
         let (r, mut w) = connected.await.map_err(|e| format!("device {} at {addr}: {e}", d + 1))?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Message>();
-        let lost = events.clone();
+        // A lost device: the event for the head's steps, and the mark for `/health`.
+        let lose = {
+            let (events, (health, generation), addr) = (events.clone(), health.clone(), addr.clone());
+            move |e: String| {
+                health.lose(generation, format!("lost device {} at {addr}: {e}", d + 1));
+                let _ = events.send(Event::Lost(d, e));
+            }
+        };
+        let lost = lose.clone();
         tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
                 if let Err(e) = w.send(&m).await {
-                    let _ = lost.send(Event::Lost(d, e.to_string()));
-                    return;
+                    return lost(e.to_string());
                 }
             }
         });
@@ -65,14 +73,13 @@ pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, ev
         tokio::spawn(async move {
             let mut r = Incoming::new(r, shim);
             loop {
-                let event = match tokio::time::timeout(SILENCE, r.read()).await {
+                let m = match tokio::time::timeout(SILENCE, r.read()).await {
                     Ok(Ok(Message::Pong { .. })) => continue,
-                    Ok(Ok(m)) => Event::Frame(m),
-                    Ok(Err(e)) => Event::Lost(d, e.to_string()),
-                    Err(_) => Event::Lost(d, format!("silent for {SILENCE:?}")),
+                    Ok(Ok(m)) => m,
+                    Ok(Err(e)) => return lose(e.to_string()),
+                    Err(_) => return lose(format!("silent for {SILENCE:?}")),
                 };
-                let end = matches!(event, Event::Lost(..));
-                if events.send(event).is_err() || end {
+                if events.send(Event::Frame(m)).is_err() {
                     return;
                 }
             }

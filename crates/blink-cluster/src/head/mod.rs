@@ -22,11 +22,11 @@ mod connect;
 mod rejoin;
 
 use std::collections::HashMap;
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use blink_engine::serve::RemoteSteps;
+use blink_engine::serve::{RemoteHealth, RemoteSteps};
 use blink_engine::{EngineError, Steps};
 use blink_model::lora::LoraMix;
 use blink_model::{Model, Scratch, SeqId, StepInput, StepOutput, StepRow};
@@ -73,6 +73,48 @@ enum Event {
     Lost(usize, String),
 }
 
+/// Whether the ring can run steps, for a server's `/health`: a connection's tasks mark it
+/// down as soon as their device is lost, a failed step marks it down, and the head marks
+/// it whole when it joins a ring again. Each set of connections is a generation; the
+/// tasks of an older one (let go when the head joined another ring) mark nothing.
+#[derive(Default)]
+pub(crate) struct Health {
+    generation: AtomicU64,
+    down: Mutex<Option<String>>,
+}
+
+impl Health {
+    fn down(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.down.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new set of connections: the older ones' losses no longer count.
+    fn next_generation(&self) -> u64 {
+        let _down = self.down();
+        self.generation.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// A device of connections `generation` is lost.
+    fn lose(&self, generation: u64, reason: String) {
+        let mut down = self.down();
+        if self.generation.load(Ordering::SeqCst) == generation && down.is_none() {
+            *down = Some(reason);
+        }
+    }
+
+    fn set_down(&self, reason: String) {
+        *self.down() = Some(reason);
+    }
+
+    fn set_whole(&self) {
+        *self.down() = None;
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.down().clone().map_or(Ok(()), Err)
+    }
+}
+
 /// The head of a running ring.
 pub struct RingHead {
     /// Runs the connections' tasks.
@@ -97,6 +139,7 @@ pub struct RingHead {
     broken: Option<String>,
     /// When the head last tried to join the ring again.
     last_rejoin: Option<std::time::Instant>,
+    health: Arc<Health>,
 }
 
 impl RingHead {
@@ -121,7 +164,9 @@ impl RingHead {
         let windows = Windows::new(model, &own, &sizes)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("blink-ring-io").enable_all().build().map_err(|e| format!("the network runtime: {e}"))?;
         let (tx, events) = mpsc::channel();
-        let senders = rt.block_on(connect::all(&spec, token, &sizes, tx))?;
+        let health = Arc::new(Health::default());
+        let generation = health.next_generation();
+        let senders = rt.block_on(connect::all(&spec, token, &sizes, tx, (health.clone(), generation)))?;
         Ok(RingHead {
             rt,
             n_layers,
@@ -138,6 +183,7 @@ impl RingHead {
             in_flight: HashMap::new(),
             broken: None,
             last_rejoin: None,
+            health,
         })
     }
 
@@ -170,6 +216,7 @@ impl RingHead {
     fn break_with(&mut self, reason: String) -> EngineError {
         self.in_flight.clear();
         self.broken = Some(reason.clone());
+        self.health.set_down(reason.clone());
         EngineError::Remote(reason)
     }
 
@@ -278,5 +325,10 @@ impl RemoteSteps for RingHead {
 
     fn scratch(&mut self) -> &mut Scratch {
         self.windows.scratch_mut()
+    }
+
+    fn health(&self) -> Option<RemoteHealth> {
+        let health = self.health.clone();
+        Some(Arc::new(move || health.check()))
     }
 }

@@ -73,7 +73,8 @@ impl RingHead {
     /// own windows reloaded if they changed (and every cache empty).
     fn adopt(&mut self, spec: &RingSpec) -> Result<(), String> {
         let (tx, events) = mpsc::channel();
-        let senders = self.rt.block_on(connect::all(spec, &self.token, &self.sizes, tx))?;
+        let generation = self.health.next_generation();
+        let senders = self.rt.block_on(connect::all(spec, &self.token, &self.sizes, tx, (self.health.clone(), generation)))?;
         let own = |s: &RingSpec| s.head.map(|h| s.ring.device_windows(h)).unwrap_or_default();
         let windows = own(spec);
         let model: Arc<Model> = if windows == own(&self.spec) {
@@ -93,6 +94,7 @@ impl RingHead {
         self.in_flight.clear();
         self.ops.clear();
         self.broken = None;
+        self.health.set_whole();
         Ok(())
     }
 }

@@ -31,7 +31,15 @@ pub trait RemoteSteps: Send {
     /// in [`RemoteSteps::scratch`].
     fn finish(&mut self) -> Result<(), EngineError>;
     fn scratch(&mut self) -> &mut Scratch;
+    /// A way to ask, from any thread, whether the devices can run steps now (`Err` with
+    /// the reason when they cannot), for a server's `/health`; `None`: always.
+    fn health(&self) -> Option<RemoteHealth> {
+        None
+    }
 }
+
+/// Whether a remote executor's devices can run steps now, askable from any thread.
+pub type RemoteHealth = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Runs plans on the model's pool, cache and buffers, or on a remote executor.
 pub(super) enum Executor {

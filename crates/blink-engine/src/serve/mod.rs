@@ -39,7 +39,7 @@ use crate::EngineError;
 
 pub use api::{EngineStats, Event, LatencyKindStats, Request, SubmitError, TokenLogprobs, Usage};
 pub use coserve::{CoServe, SloTargets, TrainingPolicy, UnitRun};
-pub use execute::RemoteSteps;
+pub use execute::{RemoteHealth, RemoteSteps};
 pub use plan::{Chunk, StepCost, StepPlan};
 
 /// Sizes and limits of the serving engine.
@@ -128,6 +128,7 @@ struct Shared {
     config: EngineConfig,
     capacity_tokens: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
+    remote_health: Option<RemoteHealth>,
 }
 
 /// A handle to the engine thread. Clones share the engine; it stops when the last one drops.
@@ -180,6 +181,7 @@ impl Engine {
             return Err(EngineError::BadParams("the queue must hold at least one request".into()));
         }
         let (tx, rx) = mpsc::channel();
+        let remote_health = remote.as_ref().and_then(|r| r.health());
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let occupancy = Arc::new(Occupancy::default());
         let step_loop = step_loop::StepLoop::new(model, eog, &config, rx, stats.clone(), occupancy.clone(), coserve, remote)?;
@@ -197,6 +199,7 @@ impl Engine {
                 config,
                 capacity_tokens,
                 thread: Mutex::new(Some(thread)),
+                remote_health,
             }),
         })
     }
@@ -260,6 +263,12 @@ impl Engine {
     pub fn is_running(&self) -> bool {
         let thread = self.shared.thread.lock().unwrap_or_else(|e| e.into_inner());
         thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Whether the devices of a remote executor can run steps now (always, for a local
+    /// one): `Err` with the reason, such as a ring's lost device.
+    pub fn remote_health(&self) -> Result<(), String> {
+        self.shared.remote_health.as_ref().map_or(Ok(()), |h| h())
     }
 
     /// A snapshot of the engine's counters.

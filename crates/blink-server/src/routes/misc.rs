@@ -21,10 +21,14 @@ pub async fn index() -> Html<&'static str> {
 }
 
 /// 200 `{"status": "ok"}` once the model is loaded, 503 `{"status": "loading"}` before, and
-/// 503 `{"status": "error"}` if the engine thread has stopped (a bug: requests then fail).
+/// 503 `{"status": "error"}` if the engine thread has stopped (a bug: requests then fail)
+/// or the ring it runs on is down (until the head joins a ring again), with the reason.
 pub async fn health(State(app): State<App>) -> Response {
     let (status, body) = match app.try_ready() {
-        Some(ready) if ready.engine.is_running() => (StatusCode::OK, json!({"status": "ok"})),
+        Some(ready) if ready.engine.is_running() => match ready.engine.remote_health() {
+            Ok(()) => (StatusCode::OK, json!({"status": "ok"})),
+            Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "error", "error": format!("the ring is down: {reason}")})),
+        },
         Some(_) => (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "error", "error": "the engine has stopped"})),
         None => (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "loading"})),
     };
