@@ -44,6 +44,7 @@ windows = $windows
 rounds = $rounds
 [[device]]
 head = true
+$mem
 [[device]]
 addr = "127.0.0.1:9501"
 $mem

@@ -35,6 +35,48 @@ pub fn layer_bytes(file: &GgufFile, layers: Range<usize>) -> u64 {
     file.tensors().iter().filter(|t| layer_of(&t.name).is_some_and(|l| layers.contains(&l))).map(|t| t.n_bytes).sum()
 }
 
+/// A device's budget for its windows: the bytes of their caches (`kv_bytes`), of what
+/// it holds besides (`fixed`: the head's embedding and LM head) and of their weights set
+/// against its `memory` (0: no budget).
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub weights: u64,
+    pub kv_bytes: u64,
+    pub fixed: u64,
+    pub memory: u64,
+}
+
+impl Budget {
+    /// `windows` of `file` with caches of `kv_tokens` tokens of `kv_bytes_per_layer_token`
+    /// per layer, under `memory`.
+    pub fn of(file: &GgufFile, windows: &[Range<usize>], kv_bytes_per_layer_token: usize, kv_tokens: usize, memory: u64) -> Budget {
+        let weights = windows.iter().map(|w| layer_bytes(file, w.clone())).sum();
+        let held: usize = windows.iter().map(|w| w.len()).sum();
+        Budget { weights, kv_bytes: (held * kv_bytes_per_layer_token * kv_tokens) as u64, fixed: 0, memory }
+    }
+
+    /// The budget with `bytes` more held besides the windows.
+    pub fn with_fixed(self, bytes: u64) -> Budget {
+        Budget { fixed: self.fixed + bytes, ..self }
+    }
+
+    /// Whether the windows must be streamed: weights and caches exceed the memory.
+    pub fn streams(&self) -> bool {
+        self.memory > 0 && self.weights + self.kv_bytes + self.fixed > self.memory
+    }
+
+    /// The memory left for the windows' weights beside the rest.
+    pub fn for_weights(&self) -> u64 {
+        self.memory.saturating_sub(self.kv_bytes + self.fixed)
+    }
+}
+
+/// The bytes of `file`'s tensors of no layer (the embedding, the final norm, the LM head):
+/// what a ring's head holds besides its windows.
+pub fn outside_layers_bytes(file: &GgufFile) -> u64 {
+    file.tensors().iter().filter(|t| layer_of(&t.name).is_none()).map(|t| t.n_bytes).sum()
+}
+
 fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }

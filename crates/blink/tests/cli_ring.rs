@@ -146,6 +146,19 @@ fn rings_give_the_tokens_of_one_process() {
     ok(&out);
     assert_eq!(stdout(&out), stdout(&greedy(&model, prompt, None)), "streamed, {prompt:?}");
     assert!(b.log().contains("assigned layers [20..30] (0 of 1 windows resident, the others streamed from the file"), "{}", b.log());
+    // The head over its own budget streams its windows too (two rounds: it gives each
+    // back and reads the other): the same text.
+    let head_streams = format!(
+        "token_file = {:?}\nwindows = [5, 5, 5]\nrounds = 2\n[[device]]\nhead = true\nmemory = \"20MB\"\n[[device]]\naddr = \"{}\"\n[[device]]\naddr = \"{}\"\n",
+        token.to_str().unwrap(),
+        a.addr,
+        b.addr
+    );
+    std::fs::write(dir.join("head_streams.toml"), head_streams).unwrap();
+    let out = greedy(&model, prompt, Some(&dir.join("head_streams.toml")));
+    ok(&out);
+    assert!(stderr(&out).contains("the head's windows exceed its memory budget"), "{}", stderr(&out));
+    assert_eq!(stdout(&out), stdout(&greedy(&model, prompt, None)), "the head streaming, {prompt:?}");
 
     // `bench --cluster`: a prompt, and four sequences in one micro-batch, then in two
     // going round at once.

@@ -29,13 +29,14 @@ use std::time::Duration;
 use blink_engine::serve::{RemoteHealth, RemoteSteps};
 use blink_engine::{EngineError, Steps};
 use blink_model::lora::LoraMix;
-use blink_model::{Model, Scratch, SeqId, StepInput, StepOutput, StepRow};
+use blink_model::{Matrices, Model, Scratch, SeqId, StepInput, StepOutput, StepRow};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::auth::Token;
 use crate::link::Shim;
 use crate::placement::Ring;
+use crate::stream::{Budget, Streamer};
 use crate::wire::{CacheOp, Message, StepFrame, WireRow};
 use crate::windows::Windows;
 use blink_engine::RunnerConfig;
@@ -46,9 +47,11 @@ pub const SILENCE: Duration = Duration::from_millis(1500);
 /// How often the head pings each device.
 const PING_EVERY: Duration = Duration::from_millis(250);
 
-/// The head's windows of no layers: the embedding and the LM head.
+/// The head's windows of no layers: the embedding and the LM head; its own windows
+/// follow them.
 const ENTRY: usize = 0;
 const EXIT: usize = 1;
+const OWN: usize = 2;
 
 /// A ring to run: its layout, the head's place in it and where the other devices are.
 #[derive(Clone, Debug)]
@@ -140,6 +143,8 @@ pub struct RingHead {
     /// When the head last tried to join the ring again.
     last_rejoin: Option<std::time::Instant>,
     health: Arc<Health>,
+    /// The head's own windows streamed from the file, when they exceed its budget.
+    streamer: Option<Streamer>,
 }
 
 impl RingHead {
@@ -161,6 +166,7 @@ impl RingHead {
         if let Some(h) = spec.head {
             own.extend(ring.device_windows(h));
         }
+        let streamer = own_streamer(&model, &own[OWN..], &spec, &sizes);
         let windows = Windows::new(model, &own, &sizes)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("blink-ring-io").enable_all().build().map_err(|e| format!("the network runtime: {e}"))?;
         let (tx, events) = mpsc::channel();
@@ -184,6 +190,7 @@ impl RingHead {
             broken: None,
             last_rejoin: None,
             health,
+            streamer,
         })
     }
 
@@ -253,19 +260,76 @@ impl RingHead {
     /// Run the head's windows the step enters and send it on; at the last layer, run the
     /// exit and return the step's number.
     fn advance(&mut self, mut frame: StepFrame) -> Result<Option<u64>, String> {
-        while (frame.first_layer as usize) < self.n_layers {
+        // The head's own window run last, given back (if streamed) once the step has left.
+        let mut ran = None;
+        // The step at its exit, or `None` once it has left for a device.
+        let at_exit = loop {
+            if frame.first_layer as usize >= self.n_layers {
+                break Some(frame);
+            }
             let holder = self.spec.ring.place(frame.first_layer as usize).expect("a layer of the ring").device;
             if Some(holder) != self.spec.head {
                 let tx = self.senders[holder].as_ref().ok_or_else(|| format!("device {} holds no window", holder + 1))?;
                 tx.send(Message::Step(frame)).map_err(|_| format!("lost device {} at {}", holder + 1, self.spec.addrs[holder]))?;
-                return Ok(None);
+                break None;
             }
-            self.windows.run_frame(&mut frame)?;
-        }
+            self.stream_done(ran.take());
+            if let (Some(s), Some(w)) = (&mut self.streamer, self.windows.find(frame.first_layer as usize)) {
+                // SAFETY: the head's steps run on this thread only, and none is running.
+                unsafe { s.ensure(w - OWN) };
+            }
+            ran = Some(self.windows.run_frame(&mut frame)?);
+        };
+        self.stream_done(ran);
+        let Some(frame) = at_exit else { return Ok(None) };
         let rows = self.in_flight.remove(&frame.id).expect("a step in flight");
         let exit = rows.iter().map(|r| StepRow { token: None, ..*r });
         self.windows.step(EXIT, exit, StepInput::Hidden(&frame.hidden), StepOutput::Logits)?;
         Ok(Some(frame.id))
+    }
+
+    /// The head's own window `ran` (an index of its windows) has run: give it back and
+    /// read the next one ahead, when they are streamed.
+    fn stream_done(&mut self, ran: Option<usize>) {
+        if let (Some(s), Some(w)) = (&mut self.streamer, ran) {
+            // SAFETY: the head's steps run on this thread only, and none is running.
+            unsafe { s.done(w - OWN) };
+        }
+    }
+}
+
+/// A streamer for the head's own windows `own` when its share was loaded streamed (its
+/// windows and their caches over its budget), with every window given back but the ones
+/// it keeps and the first it streams.
+fn own_streamer(model: &Arc<Model>, own: &[std::ops::Range<usize>], spec: &RingSpec, sizes: &RunnerConfig) -> Option<Streamer> {
+    if model.share().matrices != Matrices::Streamed || own.is_empty() {
+        return None;
+    }
+    let memory = spec.head.and_then(|h| spec.memory.get(h).copied()).unwrap_or(0);
+    let budget = head_budget(model.file(), 2 * model.cfg.kv_dim() * sizes.kv_type.bytes(), sizes.kv_tokens, own, memory);
+    let mut s = Streamer::new(model.file().clone(), model.clone(), own, budget.for_weights(), false);
+    // SAFETY: no step runs before the head is built.
+    unsafe {
+        for w in 0..s.n_windows() {
+            s.release(w);
+        }
+        s.start();
+    }
+    Some(s)
+}
+
+/// The head's budget: its windows `own`, their caches, and its embedding and LM head.
+fn head_budget(file: &blink_gguf::GgufFile, kv_bytes_per_layer_token: usize, kv_tokens: usize, own: &[std::ops::Range<usize>], memory: u64) -> Budget {
+    Budget::of(file, own, kv_bytes_per_layer_token, kv_tokens, memory).with_fixed(crate::stream::outside_layers_bytes(file))
+}
+
+/// How the head holds its own windows `own`: streamed when they and their caches exceed
+/// its budget in `spec`, else repacked.
+pub fn own_matrices(file: &blink_gguf::GgufFile, kv_bytes_per_layer_token: usize, kv_tokens: usize, own: &[std::ops::Range<usize>], memory: u64) -> Matrices {
+    if head_budget(file, kv_bytes_per_layer_token, kv_tokens, own, memory).streams() {
+        Matrices::Streamed
+    } else {
+        Matrices::Repacked
     }
 }
 

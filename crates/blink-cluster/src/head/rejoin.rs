@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blink_engine::EngineError;
-use blink_model::{Matrices, Model, Share, TensorPlacement};
+use blink_model::{Model, Share, TensorPlacement};
 
 use super::{connect, RingHead, RingSpec};
 use crate::windows::Windows;
@@ -77,13 +77,20 @@ impl RingHead {
         let senders = self.rt.block_on(connect::all(spec, &self.token, &self.sizes, tx, (self.health.clone(), generation)))?;
         let own = |s: &RingSpec| s.head.map(|h| s.ring.device_windows(h)).unwrap_or_default();
         let windows = own(spec);
-        let model: Arc<Model> = if windows == own(&self.spec) {
+        let reload = windows != own(&self.spec);
+        let model: Arc<Model> = if !reload {
             self.windows.model_arc()
         } else {
             let file = self.windows.model().file().clone();
-            let share = Share::windows(windows.clone(), Matrices::Repacked);
+            let memory = spec.head.and_then(|h| spec.memory.get(h).copied()).unwrap_or(0);
+            let kv_bytes = 2 * self.windows.model().cfg.kv_dim() * self.sizes.kv_type.bytes();
+            let matrices = super::own_matrices(&file, kv_bytes, self.sizes.kv_tokens, &windows, memory);
+            let share = Share::windows(windows.clone(), matrices);
             Arc::new(Model::from_gguf_share(file, &TensorPlacement::flat(self.sizes.threads), share).map_err(|e| e.to_string())?)
         };
+        if reload {
+            self.streamer = super::own_streamer(&model, &windows, spec, &self.sizes);
+        }
         let n = self.n_layers;
         let mut all = vec![0..0, n..n];
         all.extend(windows);

@@ -27,7 +27,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::auth::{self, Token};
 use crate::link::{self, FrameReader, FrameWriter, Incoming, Shim};
 use crate::placement::Ring;
-use crate::stream::{self, Streamer};
+use crate::stream::{Budget, Streamer};
 use crate::wire::{Assign, Message, Role, StepFrame};
 use crate::windows::Windows;
 use blink_engine::RunnerConfig;
@@ -240,15 +240,13 @@ impl Node {
         let threads = if a.threads > 0 { a.threads as usize } else { self.opts.threads };
         let kv_type = if a.kv_f32 { KvType::F32 } else { KvType::F16 };
         // Over the budget, the windows stay in the file's map and are streamed.
-        let weights: u64 = windows.iter().map(|w| stream::layer_bytes(&self.file, w.clone())).sum();
-        let held: usize = windows.iter().map(|w| w.len()).sum();
-        let kv = (held * self.kv_per_layer_token * kv_type.bytes() * a.kv_tokens as usize) as u64;
-        let streamed = a.memory > 0 && weights + kv > a.memory;
+        let budget = Budget::of(&self.file, &windows, self.kv_per_layer_token * kv_type.bytes(), a.kv_tokens as usize, a.memory);
+        let streamed = budget.streams();
         let matrices = if streamed { Matrices::Streamed } else { Matrices::Repacked };
         let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), matrices)).map_err(|e| e.to_string())?;
         let model = Arc::new(model);
         let sizes = RunnerConfig { threads, kv_tokens: a.kv_tokens as usize, kv_type, max_rows: a.max_rows as usize, max_logit_rows: 1, max_ctx: a.max_ctx as usize, detached: false };
-        let streamer = streamed.then(|| Streamer::new(self.file.clone(), model.clone(), &windows, a.memory.saturating_sub(kv), self.opts.force_prefetch));
+        let streamer = streamed.then(|| Streamer::new(self.file.clone(), model.clone(), &windows, budget.for_weights(), self.opts.force_prefetch));
         let mut streamer = streamer;
         if let Some(s) = &mut streamer {
             // Whatever loading touched goes back (the first window is filled when the

@@ -98,9 +98,15 @@ pub fn prepare(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usiz
     let cfg = ModelConfig::from_gguf(&gguf)?;
     let n_ctx = cfg.context_for(ctx);
     let ring = super::plan::ring_of(&file, &gguf, &cfg, n_ctx, kv_type)?;
-    drop(gguf);
     eprintln!("blink: ring of {} device(s), windows {:?}, {} round(s)", ring.windows().len(), ring.windows(), ring.rounds());
     let head_windows = file.head.map(|h| ring.device_windows(h)).unwrap_or_default();
+    // Over the head's own budget, its windows are streamed as a node's are.
+    let head_memory = file.head.and_then(|h| file.devices[h].memory).unwrap_or(0);
+    let matrices = blink_cluster::head::own_matrices(&gguf, 2 * cfg.kv_dim() * kv_type.bytes(), n_ctx, &head_windows, head_memory);
+    if matrices == Matrices::Streamed {
+        eprintln!("blink: the head's windows exceed its memory budget: streamed from the file");
+    }
+    drop(gguf);
     let token = Token::read(&file.token_file)?;
     let spec = RingSpec {
         ring,
@@ -111,7 +117,7 @@ pub fn prepare(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usiz
         model_sha256: file_sha256(&model_path).map_err(|e| format!("{}: {e}", model_path.display()))?,
         shim: shim.shim()?,
     };
-    Ok(Prepared { spec, token, share: Share::windows(head_windows, Matrices::Repacked), n_ctx })
+    Ok(Prepared { spec, token, share: Share::windows(head_windows, matrices), n_ctx })
 }
 
 /// Start the ring of the cluster file at `path` for the model `model` names (the kernel
