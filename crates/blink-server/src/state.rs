@@ -122,6 +122,8 @@ pub struct ModelOptions {
 #[derive(Clone)]
 pub struct RingOption {
     pub share: Share,
+    /// Most steps of different sequences going round the ring at once.
+    pub in_flight: usize,
     #[allow(clippy::type_complexity)]
     pub connect: Arc<dyn Fn(Arc<Model>, &EngineConfig) -> Result<Box<dyn RemoteSteps>, String> + Send + Sync>,
 }
@@ -258,7 +260,7 @@ impl Ready {
                     return Err("adapters and fine-tuning jobs are not served on a ring yet".into());
                 }
                 let remote = (ring.connect)(model.clone(), &cfg)?;
-                Engine::start_remote(model.clone(), eog, cfg, remote).map_err(|e| e.to_string())?
+                Engine::start_remote(model.clone(), eog, cfg, remote, ring.in_flight).map_err(|e| e.to_string())?
             }
             None => Engine::start_with(model.clone(), eog, cfg, coserve).map_err(|e| e.to_string())?,
         };

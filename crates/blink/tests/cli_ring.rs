@@ -268,10 +268,15 @@ struct Serve {
 
 impl Serve {
     fn start(model: &Path, cluster: Option<&Path>) -> Serve {
+        Serve::start_with(model, cluster, &[])
+    }
+
+    fn start_with(model: &Path, cluster: Option<&Path>, extra: &[&str]) -> Serve {
         let mut args = vec!["serve".to_string(), "-m".into(), model.to_str().unwrap().into(), "--port".into(), "0".into(), "-t".into(), "1".into(), "-c".into(), "512".into()];
         if let Some(c) = cluster {
             args.extend(["--cluster".into(), c.to_str().unwrap().into()]);
         }
+        args.extend(extra.iter().map(|a| a.to_string()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_blink")).args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
@@ -316,16 +321,24 @@ fn serving_on_a_ring() {
     let a = Node::start(&token, &model);
     let mut b = Node::start(&token, &model);
     let file = cluster(&dir, "serve.toml", &token, Some(10), &[(&a, 10), (&b, 10)], 1);
-    let ring = Serve::start(&model, Some(&file));
     let alone = Serve::start(&model, None);
-    // Requests at once, batched by the engine, as one process answers them.
+    // Requests at once, batched by the engine, as one process answers them: with one
+    // step in flight, then with three (the sequences shared out over them).
     let prompts: Vec<String> = (1..=4).map(|i| format!("Count to {i}:")).collect();
-    let answers: Vec<Result<String, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts.iter().map(|p| s.spawn(|| ring.complete(p, 16))).collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (p, got) in prompts.iter().zip(answers) {
+    let concurrently = |server: &Serve| -> Vec<Result<String, String>> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = prompts.iter().map(|p| s.spawn(|| server.complete(p, 16))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let ring = Serve::start(&model, Some(&file));
+    for (p, got) in prompts.iter().zip(concurrently(&ring)) {
         assert_eq!(got.unwrap(), alone.complete(p, 16).unwrap(), "{p:?}");
+    }
+    drop(ring);
+    let ring = Serve::start_with(&model, Some(&file), &["--in-flight", "3"]);
+    for (p, got) in prompts.iter().zip(concurrently(&ring)) {
+        assert_eq!(got.unwrap(), alone.complete(p, 16).unwrap(), "three steps in flight, {p:?}");
     }
     // A node killed during a long request: the request fails at once, naming the device,
     // and the server stays up.

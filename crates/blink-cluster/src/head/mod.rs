@@ -366,10 +366,10 @@ impl RingHead {
     }
 }
 
-/// The serving engine's steps on the ring: one micro-batch in flight, the engine's
-/// scheduling beside it.
+/// The serving engine's steps on the ring: one or several micro-batches in flight, the
+/// engine's scheduling beside them.
 impl RemoteSteps for RingHead {
-    fn start(&mut self, rows: &[StepRow], released: &[SeqId], idle: bool) -> Result<(), EngineError> {
+    fn start(&mut self, rows: &[StepRow], released: &[SeqId], idle: bool) -> Result<u64, EngineError> {
         if idle {
             // Nothing the devices hold is live: the ring may change under the step.
             self.restore();
@@ -377,14 +377,11 @@ impl RemoteSteps for RingHead {
         for &seq in released {
             self.release(seq);
         }
-        self.submit(rows).map(|_| ())
+        self.submit(rows)
     }
 
-    fn finish(&mut self) -> Result<(), EngineError> {
-        while self.in_flight() > 0 {
-            self.wait()?;
-        }
-        Ok(())
+    fn finish_one(&mut self) -> Result<u64, EngineError> {
+        self.wait()
     }
 
     fn scratch(&mut self) -> &mut Scratch {

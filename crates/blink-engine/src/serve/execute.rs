@@ -6,7 +6,8 @@
 //! accounting for admission, nothing else) and tells the devices which sequences the
 //! scheduler let go of: a sequence no longer in the bookkeeping, or one starting again
 //! at position 0 under a number it had before, is released on the devices with the next
-//! step.
+//! step. It may keep several steps in flight (its depth): the step loop then launches
+//! steps of different sequences and lands them as they come back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,13 +24,14 @@ use crate::EngineError;
 /// Where steps run when they leave this process (a ring's head implements it). A step's
 /// rows number their sequences as the engine's bookkeeping does.
 pub trait RemoteSteps: Send {
-    /// Start a step of `rows`, after forgetting the sequences `released` on every device.
-    /// `idle`: no sequence the devices hold is live (every row starts a sequence), so the
-    /// devices may change under the step.
-    fn start(&mut self, rows: &[StepRow], released: &[SeqId], idle: bool) -> Result<(), EngineError>;
-    /// Wait for the step started last; the logits of its rows that asked for them are then
-    /// in [`RemoteSteps::scratch`].
-    fn finish(&mut self) -> Result<(), EngineError>;
+    /// Start a step of `rows`, after forgetting the sequences `released` on every device;
+    /// returns the step's number. `idle`: no sequence the devices hold is live (every row
+    /// starts a sequence), so the devices may change under the step.
+    fn start(&mut self, rows: &[StepRow], released: &[SeqId], idle: bool) -> Result<u64, EngineError>;
+    /// Wait for a step in flight to come back and return its number; the logits of its
+    /// rows that asked for them are then in [`RemoteSteps::scratch`] (until the next
+    /// call). An error fails every step in flight.
+    fn finish_one(&mut self) -> Result<u64, EngineError>;
     fn scratch(&mut self) -> &mut Scratch;
     /// A way to ask, from any thread, whether the devices can run steps now (`Err` with
     /// the reason when they cannot), for a server's `/health`; `None`: always.
@@ -51,6 +53,8 @@ pub(super) enum Executor {
 pub(super) struct Remote {
     kv: KvCache,
     steps: Box<dyn RemoteSteps>,
+    /// Most steps in flight at once.
+    depth: usize,
     /// Sequences the devices hold, and those to release with the next step.
     sent: Vec<SeqId>,
     released: Vec<SeqId>,
@@ -64,10 +68,36 @@ impl Executor {
         Ok(Executor::Local(runner))
     }
 
-    /// Plans run on `steps`; `model` (the head's share) gives the bookkeeping's shape.
-    pub(super) fn remote(model: &Model, cfg: &EngineConfig, steps: Box<dyn RemoteSteps>) -> Result<Executor, EngineError> {
+    /// Plans run on `steps`, up to `depth` at once; `model` (the head's share) gives the
+    /// bookkeeping's shape.
+    pub(super) fn remote(model: &Model, cfg: &EngineConfig, steps: Box<dyn RemoteSteps>, depth: usize) -> Result<Executor, EngineError> {
         let kv = model.try_new_kv_cache_for(0..0, cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("the cache's bookkeeping", cfg.kv_tokens))?;
-        Ok(Executor::Remote(Remote { kv, steps, sent: Vec::new(), released: Vec::new() }))
+        Ok(Executor::Remote(Remote { kv, steps, depth: depth.max(1), sent: Vec::new(), released: Vec::new() }))
+    }
+
+    /// Most steps in flight at once (1 on the local pool).
+    pub(super) fn depth(&self) -> usize {
+        match self {
+            Executor::Local(_) => 1,
+            Executor::Remote(r) => r.depth,
+        }
+    }
+
+    /// Start `plan`'s step on the remote executor, as one of several in flight; returns
+    /// its number.
+    pub(super) fn launch(&mut self, plan: &StepPlan) -> Result<u64, EngineError> {
+        match self {
+            Executor::Local(_) => Err(EngineError::BadParams("steps in flight are for a remote executor".into())),
+            Executor::Remote(r) => r.launch(plan),
+        }
+    }
+
+    /// Wait for a launched step to come back (its logits then in the scratch); its number.
+    pub(super) fn land(&mut self) -> Result<u64, EngineError> {
+        match self {
+            Executor::Local(_) => Err(EngineError::BadParams("no step is in flight".into())),
+            Executor::Remote(r) => r.steps.finish_one(),
+        }
     }
 
     pub(super) fn kv(&self) -> &KvCache {
@@ -112,6 +142,15 @@ impl Executor {
 
 impl Remote {
     fn execute<R>(&mut self, plan: &StepPlan, beside: impl FnOnce(&mut KvBlocks) -> R) -> Result<(R, Duration), EngineError> {
+        let started = Instant::now();
+        let id = self.launch(plan)?;
+        let out = beside(&mut self.kv);
+        let landed = self.steps.finish_one()?;
+        debug_assert_eq!(landed, id, "the one step in flight");
+        Ok((out, started.elapsed()))
+    }
+
+    fn launch(&mut self, plan: &StepPlan) -> Result<u64, EngineError> {
         if !plan.adapters.is_empty() {
             return Err(EngineError::BadParams("adapters are not served on a ring yet".into()));
         }
@@ -136,10 +175,6 @@ impl Remote {
                 self.sent.push(row.seq);
             }
         }
-        let started = Instant::now();
-        self.steps.start(&plan.rows, &self.released, idle)?;
-        let out = beside(&mut self.kv);
-        self.steps.finish()?;
-        Ok((out, started.elapsed()))
+        self.steps.start(&plan.rows, &self.released, idle)
     }
 }

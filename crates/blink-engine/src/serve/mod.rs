@@ -169,19 +169,20 @@ impl Engine {
     }
 
     /// As [`Engine::start`], its steps running on `remote` (a ring of devices; `model`
-    /// is the head's share). Prompt prefixes are not shared between requests there (the
-    /// devices' caches hold no prefix cache), and nothing is co-served.
-    pub fn start_remote(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, remote: Box<dyn RemoteSteps>) -> Result<Engine, EngineError> {
+    /// is the head's share), up to `in_flight` steps of different sequences at once.
+    /// Prompt prefixes are not shared between requests there (the devices' caches hold no
+    /// prefix cache), and nothing is co-served.
+    pub fn start_remote(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, remote: Box<dyn RemoteSteps>, in_flight: usize) -> Result<Engine, EngineError> {
         let config = EngineConfig { prefix_cache: false, ..config };
-        Engine::start_inner(model, eog, config, None, Some(remote))
+        Engine::start_inner(model, eog, config, None, Some((remote, in_flight)))
     }
 
-    fn start_inner(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, coserve: Option<Box<dyn CoServe>>, remote: Option<Box<dyn RemoteSteps>>) -> Result<Engine, EngineError> {
+    fn start_inner(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, coserve: Option<Box<dyn CoServe>>, remote: Option<(Box<dyn RemoteSteps>, usize)>) -> Result<Engine, EngineError> {
         if config.max_queue == 0 {
             return Err(EngineError::BadParams("the queue must hold at least one request".into()));
         }
         let (tx, rx) = mpsc::channel();
-        let remote_health = remote.as_ref().and_then(|r| r.health());
+        let remote_health = remote.as_ref().and_then(|(r, _)| r.health());
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let occupancy = Arc::new(Occupancy::default());
         let step_loop = step_loop::StepLoop::new(model, eog, &config, rx, stats.clone(), occupancy.clone(), coserve, remote)?;

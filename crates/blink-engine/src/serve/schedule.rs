@@ -160,6 +160,15 @@ impl Scheduler {
         self.plan_prompts(decoding, plan);
     }
 
+    /// `plan`'s step was launched (`+1`) or landed (`-1`): count its rows in flight.
+    pub(super) fn in_flight(&mut self, plan: &StepPlan, launched: bool) {
+        for row in &plan.rows {
+            let i = self.index(row.seq);
+            let seq = &mut self.running[i];
+            seq.rows_in_flight = if launched { seq.rows_in_flight + 1 } else { seq.rows_in_flight - 1 };
+        }
+    }
+
     /// Sequences with a sampled token to feed back: the coming step's decode rows.
     pub(super) fn decoding(&self) -> usize {
         self.running.iter().filter(|s| s.has_decode_row()).count()
@@ -170,13 +179,21 @@ impl Scheduler {
     /// its token for a later step; the scan starts one sequence further on each step, so
     /// every adapter's turn comes.
     pub(super) fn add_decodes(&mut self, plan: &mut StepPlan) {
+        self.add_decodes_upto(plan, usize::MAX);
+    }
+
+    /// [`Scheduler::add_decodes`], with at most `most` decode rows: a share of the
+    /// sequences, when several steps are in flight.
+    pub(super) fn add_decodes_upto(&mut self, plan: &mut StepPlan, most: usize) {
         let n = self.running.len();
         self.rotation = if n == 0 { 0 } else { (self.rotation + 1) % n };
+        let mut added = 0;
         for k in 0..n {
             let seq = &mut self.running[(self.rotation + k) % n];
-            if !seq.has_decode_row() {
+            if !seq.has_decode_row() || added == most {
                 continue;
             }
+            added += 1;
             if let Some(slot) = plan.slot_for(seq.adapter.as_ref(), self.cfg.max_loras) {
                 plan.push_decode(seq.take_decode_row(slot).expect("a sampled token"));
             }
@@ -202,7 +219,7 @@ impl Scheduler {
     fn release_finished(&mut self, kv: &mut KvBlocks, plan: &mut StepPlan) {
         let mut i = 0;
         while i < self.running.len() {
-            let Some(reason) = self.running[i].finished() else {
+            let Some(reason) = self.running[i].finished().filter(|_| self.running[i].rows_in_flight == 0) else {
                 i += 1;
                 continue;
             };

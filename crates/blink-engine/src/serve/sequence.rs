@@ -53,6 +53,9 @@ pub(super) struct Seq {
     pub(super) adapter: Option<Arc<LoraMix>>,
     /// When its request was submitted.
     pub(super) arrived: Instant,
+    /// Its rows in steps launched and not yet landed (several steps in flight): it is not
+    /// released before they are back.
+    pub(super) rows_in_flight: usize,
     state: State,
 }
 
@@ -78,6 +81,7 @@ impl Seq {
             scheduled: cached,
             generated: 0,
             cached,
+            rows_in_flight: 0,
             sampler,
             adapter: request.adapter,
             arrived,

@@ -146,11 +146,11 @@ pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes)
 
 /// `serve --cluster`: the head's share, and how the server's engine reaches the ring
 /// once the share is loaded.
-pub fn serving(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usize>, kv_type: blink_model::KvType) -> CliResult<RingOption> {
+pub fn serving(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usize>, kv_type: blink_model::KvType, in_flight: usize) -> CliResult<RingOption> {
     let p = prepare(path, shim, model, ctx, kv_type)?;
     let (spec, token) = (p.spec, p.token);
     let connect = move |model: Arc<blink_model::Model>, cfg: &EngineConfig| -> Result<Box<dyn RemoteSteps>, String> {
         Ok(Box::new(RingHead::start(model, spec.clone(), &token, cfg.runner_config(false))?))
     };
-    Ok(RingOption { share: p.share, connect: Arc::new(connect) })
+    Ok(RingOption { share: p.share, in_flight, connect: Arc::new(connect) })
 }

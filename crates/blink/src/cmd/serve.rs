@@ -33,6 +33,10 @@ pub struct Args {
     engine: EngineArgs,
     #[command(flatten)]
     ring: super::cluster::RingArgs,
+    /// With --cluster: most steps of different sequences going round the ring at once (the
+    /// running sequences share out over them), so no device waits for one step's trip.
+    #[arg(long = "in-flight", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    in_flight: u64,
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 4 << 20)]
     max_body: usize,
@@ -288,11 +292,15 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
     let url = format!("http://{}", server.addr());
     eprintln!("blink: listening on {url}; loading the model (/health answers 503 until it is ready)");
     let (model, engine, ring, app) = (args.model.clone(), args.engine.clone(), args.ring.clone(), server.app().clone());
+    let in_flight = args.in_flight as usize;
+    if in_flight > 1 && ring.cluster.is_none() {
+        return Err("--in-flight is for a ring (--cluster): one process runs one step at a time".into());
+    }
     let ready = tokio::task::spawn_blocking(move || -> Result<Ready, String> {
         let path = model.path().map_err(|e| e.to_string())?;
         let mut opts = engine.options(path).map_err(|e| e.to_string())?;
         if let Some(file) = &ring.cluster {
-            opts.ring = Some(super::cluster::serving(file, &ring.shim, &model, engine.ctx_size, engine.cache_type).map_err(|e| e.to_string())?);
+            opts.ring = Some(super::cluster::serving(file, &ring.shim, &model, engine.ctx_size, engine.cache_type, in_flight).map_err(|e| e.to_string())?);
         }
         app.load(&opts)
     });
