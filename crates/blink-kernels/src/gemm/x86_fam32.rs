@@ -441,8 +441,11 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
             }
         }
     }
-    let mut group = if ROW_MAJOR { GROUP_BUF.take() } else { Vec::new() };
-    group.resize(group_bytes, 0);
+    let mut group = Vec::new();
+    if ROW_MAJOR {
+        group = GROUP_BUF.take();
+        group.resize(group_bytes, 0);
+    }
     for rows in std::iter::once(first).chain(rows) {
         if ROW_MAJOR {
             let row_bytes = n_blocks * F::FIELDS.block;
