@@ -95,6 +95,30 @@ fn the_program_finds_what_exhaustive_search_finds() {
 }
 
 #[test]
+fn a_lost_device_is_planned_out_as_exhaustive_search_would() {
+    let mut rng = Rng(0x1057_2026);
+    let mut replanned = 0;
+    for case in 0..50 {
+        let c = cluster(&mut rng);
+        let Ok(plan) = c.plan() else { continue };
+        // Lose a device holding windows (not the head, which cannot be lost).
+        let Some(lost) = (0..c.devices.len()).find(|&d| plan.ring.windows()[d] > 0 && Some(d) != c.head) else { continue };
+        let rest = c.without(&[lost]);
+        match (search::best(&rest).unwrap(), rest.plan()) {
+            (None, Err(PlanError::DoesNotFit { .. })) => {}
+            (Some(want), Ok(got)) => {
+                assert_eq!(got.ring.windows()[lost], 0, "case {case}: the lost device {lost} still has a window: {got:?}");
+                let (a, b) = (got.predicted.total(), want.predicted.total());
+                assert!((a - b).abs() <= 1e-9 * b.max(1e-3), "case {case}: re-planned {got:?} takes {a} s, exhaustive search's {want:?} {b} s");
+                replanned += 1;
+            }
+            (want, got) => panic!("case {case}: exhaustive search gives {want:?}, the program {got:?}"),
+        }
+    }
+    assert!(replanned >= 10, "only {replanned} clusters re-planned");
+}
+
+#[test]
 fn a_slow_link_leaves_a_device_out_and_a_fixed_plan_is_priced() {
     // Two equal devices, but the second sits behind a 50 ms link: one device alone is faster.
     let dev = |name: &str, latency_s: f64| Device { name: name.into(), layer_s: 1e-3, memory: 1 << 34, disk_bytes_per_s: 1e9, link: Link { latency_s, bytes_per_s: 1e8 } };

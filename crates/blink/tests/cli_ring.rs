@@ -264,6 +264,8 @@ fn failures_are_refused_or_reported_by_name() {
 struct Serve {
     child: Child,
     url: String,
+    /// Where its standard error goes.
+    log: PathBuf,
 }
 
 impl Serve {
@@ -277,11 +279,19 @@ impl Serve {
             args.extend(["--cluster".into(), c.to_str().unwrap().into()]);
         }
         args.extend(extra.iter().map(|a| a.to_string()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_blink")).args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        static SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = std::env::temp_dir().join(format!("blink-ring-serve-{}-{n}.log", std::process::id()));
+        let stderr = std::fs::File::create(&log).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_blink")).args(&args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert!(line.starts_with("http://"), "no URL: {line:?}");
-        Serve { child, url: line.trim().to_string() }
+        Serve { child, url: line.trim().to_string(), log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// `/health`: its status code and body.
@@ -310,6 +320,7 @@ impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -399,6 +410,45 @@ fn serving_on_a_ring() {
         assert!(killed.elapsed() < Duration::from_secs(2), "/health still ok {:?} after an idle node was killed", killed.elapsed());
         std::thread::sleep(Duration::from_millis(50));
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_planned_ring_is_planned_again_without_a_lost_device() {
+    let model = model_path();
+    let dir = temp_dir("planned");
+    let token = write_token(&dir, "ring.token", "a token shared by the whole ring\n");
+    let a = Node::start(&token, &model);
+    let mut b = Node::start(&token, &model);
+    // One profile of this machine for every device; budgets that need all three.
+    let profile = blink(&["profile", "-m", model.to_str().unwrap(), "-t", "1"]);
+    ok(&profile);
+    std::fs::write(dir.join("this.json"), stdout(&profile)).unwrap();
+    let entry = |addr: Option<&str>, memory: &str| {
+        let place = addr.map_or("head = true\n".to_string(), |a| format!("addr = \"{a}\"\n"));
+        format!("[[device]]\n{place}memory = \"{memory}\"\nprofile = \"this.json\"\nlatency_ms = 0.1\nmbps = 10000\n")
+    };
+    let text = format!("token_file = {:?}\n{}{}{}", token.to_str().unwrap(), entry(None, "50MB"), entry(Some(&a.addr), "30MB"), entry(Some(&b.addr), "30MB"));
+    let file = dir.join("planned.toml");
+    std::fs::write(&file, text).unwrap();
+    let ring = Serve::start(&model, Some(&file));
+    let alone = Serve::start(&model, None);
+    let want = alone.complete("Count to 3:", 16).unwrap();
+    assert_eq!(ring.complete("Count to 3:", 16).unwrap(), want);
+    assert!(b.log().contains("assigned layers"), "the planner gave the third device windows: {}", b.log());
+    // Lost, the third device's windows go to the others by the planner's program: the
+    // same text.
+    b.child.kill().unwrap();
+    let started = Instant::now();
+    let got = loop {
+        match ring.complete("Count to 3:", 16) {
+            Ok(t) => break t,
+            Err(e) => assert!(started.elapsed() < Duration::from_secs(20), "the ring did not come back: {e}\n{}", ring.log()),
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(got, want);
+    assert!(ring.log().contains(&format!("re-planned the ring (by the planner) without device 3 at {}", b.addr)), "{}", ring.log());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -68,6 +68,9 @@ pub struct RingSpec {
     pub model_sha256: [u8; 32],
     /// A slow link imitated on every connection into the head.
     pub shim: Shim,
+    /// The planner's view of the devices, when the planner chose the ring: a lost
+    /// device's windows are then re-planned by its program (else shared out in proportion).
+    pub cluster: Option<crate::plan::Cluster>,
 }
 
 /// What came in from a device.

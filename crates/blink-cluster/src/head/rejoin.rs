@@ -1,6 +1,7 @@
 //! The head after a device is lost: join the planned ring again when every device is
-//! back (a restarted node rejoins), else re-plan over the devices left (the lost ones'
-//! windows spread over the others, the head reloading its own share if it changed).
+//! back (a restarted node rejoins), else re-plan over the devices left (by the planner's
+//! program when it chose the ring, else the lost ones' windows spread over the others in
+//! proportion; the head reloads its own share if it changed).
 //! Running on fewer devices, the head goes back to the planned ring at the first step
 //! where no sequence is live on the devices, once the missing ones answer.
 
@@ -32,15 +33,21 @@ impl RingHead {
             return Ok(());
         }
         let down = self.down(&planned);
-        let spec = planned.ring.without(&down).filter(|r| r.windows().iter().enumerate().any(|(d, &w)| w > 0 && Some(d) != planned.head));
+        // The planner's program over the devices left, if it chose the ring; else the
+        // lost windows shared out in proportion.
+        let (ring, how) = match &planned.cluster {
+            Some(c) => (c.without(&down).plan().ok().map(|p| p.ring), "by the planner"),
+            None => (planned.ring.without(&down), "in proportion"),
+        };
+        let spec = ring.filter(|r| r.windows().iter().enumerate().any(|(d, &w)| w > 0 && Some(d) != planned.head));
         let Some(ring) = spec else {
-            return Err(EngineError::Remote(format!("{reason} (no device with a window answers: the ring cannot be re-planned)")));
+            return Err(EngineError::Remote(format!("{reason} (no device with a window answers, or the others cannot hold the model: the ring cannot be re-planned)")));
         };
         let spec = RingSpec { ring, ..planned };
         match self.adopt(&spec) {
             Ok(()) => {
                 let names: Vec<String> = down.iter().map(|&d| format!("device {} at {}", d + 1, spec.addrs[d])).collect();
-                eprintln!("blink: re-planned the ring without {}: windows {:?}, {} round(s)", names.join(", "), spec.ring.windows(), spec.ring.rounds());
+                eprintln!("blink: re-planned the ring ({how}) without {}: windows {:?}, {} round(s)", names.join(", "), spec.ring.windows(), spec.ring.rounds());
                 Ok(())
             }
             Err(e) => Err(EngineError::Remote(format!("{reason} (re-planning the ring: {e})"))),

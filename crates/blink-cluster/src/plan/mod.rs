@@ -227,6 +227,18 @@ impl Cluster {
     }
 
     /// The best plan, from the mixed-integer program.
+    /// The cluster with the devices `down` left out (no memory: no window fits them), in
+    /// their places in the ring: what the head re-plans over when they are lost.
+    pub fn without(&self, down: &[usize]) -> Cluster {
+        let mut c = self.clone();
+        for &d in down {
+            if let Some(dev) = c.devices.get_mut(d) {
+                dev.memory = 0;
+            }
+        }
+        c
+    }
+
     pub fn plan(&self) -> Result<Plan, PlanError> {
         self.validate()?;
         let mut best: Option<Plan> = None;

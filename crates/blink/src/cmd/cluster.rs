@@ -97,7 +97,7 @@ pub fn prepare(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usiz
     let gguf = model.open()?;
     let cfg = ModelConfig::from_gguf(&gguf)?;
     let n_ctx = cfg.context_for(ctx);
-    let ring = super::plan::ring_of(&file, &gguf, &cfg, n_ctx, kv_type)?;
+    let (ring, cluster) = super::plan::ring_of(&file, &gguf, &cfg, n_ctx, kv_type)?;
     eprintln!("blink: ring of {} device(s), windows {:?}, {} round(s)", ring.windows().len(), ring.windows(), ring.rounds());
     let head_windows = file.head.map(|h| ring.device_windows(h)).unwrap_or_default();
     // Over the head's own budget, its windows are streamed as a node's are.
@@ -116,6 +116,7 @@ pub fn prepare(path: &Path, shim: &ShimArgs, model: &ModelArgs, ctx: Option<usiz
         memory: file.devices.iter().map(|d| d.memory.unwrap_or(0)).collect(),
         model_sha256: file_sha256(&model_path).map_err(|e| format!("{}: {e}", model_path.display()))?,
         shim: shim.shim()?,
+        cluster,
     };
     Ok(Prepared { spec, token, share: Share::windows(head_windows, matrices), n_ctx })
 }

@@ -57,11 +57,15 @@ pub fn main(args: Args) -> CliResult {
 }
 
 /// The ring to run: the file's fixed plan as it stands, or the planner's choice (which
-/// needs every device's profile).
-pub fn ring_of(file: &ClusterFile, gguf: &blink_gguf::GgufFile, cfg: &ModelConfig, ctx: usize, kv: KvType) -> CliResult<Ring> {
+/// needs every device's profile), with the planner's view of the devices to re-plan
+/// over later.
+pub fn ring_of(file: &ClusterFile, gguf: &blink_gguf::GgufFile, cfg: &ModelConfig, ctx: usize, kv: KvType) -> CliResult<(Ring, Option<Cluster>)> {
     match &file.fixed {
-        Some((windows, rounds)) => Ok(Ring::new(windows.clone(), *rounds)?),
-        None => Ok(cluster_for(file, gguf, cfg, ctx, kv, DEFAULT_MAX_ROUNDS)?.plan()?.ring),
+        Some((windows, rounds)) => Ok((Ring::new(windows.clone(), *rounds)?, None)),
+        None => {
+            let cluster = cluster_for(file, gguf, cfg, ctx, kv, DEFAULT_MAX_ROUNDS)?;
+            Ok((cluster.plan()?.ring, Some(cluster)))
+        }
     }
 }
 
