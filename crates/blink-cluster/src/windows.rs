@@ -5,12 +5,17 @@
 //! head's numbers on the wire; each cache keeps its own numbering, and the map between
 //! them. The head runs its entry (the embedding: tokens in, hidden states out, over no
 //! layer) and exit (hidden states in, logits out) as windows of no layers here too.
+//!
+//! A sequence's blocks are this device's own choice, or, when the head keeps the block
+//! tables (the serving engine's bookkeeping, whose prefix cache shares blocks between
+//! sequences), the head's: such a sequence is mirrored (`CacheOp::Cut`, `Block`, `Copy`),
+//! every window's cache holding it in the very blocks the head's tables name.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use blink_model::kv_cache::SeqId;
+use blink_model::kv_cache::{SeqId, BLOCK_TOKENS};
 use blink_model::{KvCache, Model, Scratch, Step, StepInput, StepOutput, StepRow};
 use blink_engine::RunnerConfig;
 use blink_runtime::numa::NodePool;
@@ -21,7 +26,15 @@ struct Window {
     layers: Range<usize>,
     kv: KvCache,
     /// The head's sequence numbers to this cache's.
-    seqs: HashMap<u32, SeqId>,
+    seqs: HashMap<u32, Local>,
+}
+
+/// A sequence in a window's cache.
+#[derive(Clone, Copy)]
+struct Local {
+    id: SeqId,
+    /// Its block table follows the head's.
+    mirrored: bool,
 }
 
 /// A model holding some windows, their caches, the pool and buffers.
@@ -31,6 +44,38 @@ pub struct Windows {
     scratch: Scratch,
     windows: Vec<Window>,
     rows: Vec<StepRow>,
+}
+
+impl Window {
+    fn apply(&mut self, op: &CacheOp) -> Result<(), String> {
+        let kv = &mut self.kv;
+        let at = |seq: u32| move |e: blink_model::kv_cache::KvError| format!("sequence {seq}: {e}");
+        match *op {
+            CacheOp::Truncate { seq, len } => match self.seqs.get(&seq) {
+                Some(l) if l.mirrored => kv.mirror_len(l.id, len as usize).map_err(at(seq))?,
+                Some(l) => kv.truncate(l.id, len as usize).map_err(at(seq))?,
+                None => {}
+            },
+            CacheOp::Release { seq } => match self.seqs.remove(&seq) {
+                Some(l) if l.mirrored => kv.forget_mirrored(l.id),
+                Some(l) => kv.free_seq(l.id),
+                None => {}
+            },
+            CacheOp::Cut { seq, blocks } => {
+                let local = *self.seqs.entry(seq).or_insert_with(|| Local { id: kv.new_seq(), mirrored: true });
+                if !local.mirrored {
+                    return Err(format!("sequence {seq} holds blocks of this device's choosing: its table cannot follow the head's"));
+                }
+                kv.mirror_cut(local.id, blocks as usize).map_err(at(seq))?;
+            }
+            CacheOp::Block { seq, block } => match self.seqs.get(&seq) {
+                Some(l) if l.mirrored => kv.mirror_push(l.id, block).map_err(at(seq))?,
+                _ => return Err(format!("a block for sequence {seq}, whose table the head has not started")),
+            },
+            CacheOp::Copy { src, dst, slots } => kv.copy_slots(src, dst, slots as usize).map_err(|e| format!("copying a prefix's slots: {e}"))?,
+        }
+        Ok(())
+    }
 }
 
 impl Windows {
@@ -67,18 +112,7 @@ impl Windows {
     pub fn apply(&mut self, ops: &[CacheOp]) -> Result<(), String> {
         for w in &mut self.windows {
             for op in ops {
-                match *op {
-                    CacheOp::Truncate { seq, len } => {
-                        if let Some(&local) = w.seqs.get(&seq) {
-                            w.kv.truncate(local, len as usize).map_err(|e| format!("sequence {seq}: {e}"))?;
-                        }
-                    }
-                    CacheOp::Release { seq } => {
-                        if let Some(local) = w.seqs.remove(&seq) {
-                            w.kv.free_seq(local);
-                        }
-                    }
-                }
+                w.apply(op)?;
             }
         }
         Ok(())
@@ -95,10 +129,24 @@ impl Windows {
     pub fn step(&mut self, index: usize, rows: impl Iterator<Item = StepRow>, input: StepInput, output: StepOutput) -> Result<Range<usize>, String> {
         let w = &mut self.windows[index];
         self.rows.clear();
+        let mut last = None;
         for r in rows {
             let ring_seq = r.seq as u32;
-            let local = *w.seqs.entry(ring_seq).or_insert_with(|| w.kv.new_seq());
-            self.rows.push(StepRow { seq: local, ..r });
+            let local = *w.seqs.entry(ring_seq).or_insert_with(|| Local { id: w.kv.new_seq(), mirrored: false });
+            if local.mirrored {
+                if w.kv.block_table(local.id).map_or(0, |t| t.len()) * BLOCK_TOKENS <= r.pos {
+                    return Err(format!("the head named no block for position {} of sequence {ring_seq}", r.pos));
+                }
+                // A sequence's first row in a step starts where the head says: past what
+                // this cache computed when the head attached a cached prefix (its tables
+                // name the values), or before it when the head reused the number for a
+                // new sequence.
+                if last != Some(ring_seq) && w.kv.seq_len(local.id).is_ok_and(|len| len != r.pos) {
+                    w.kv.mirror_len(local.id, r.pos).map_err(|e| format!("sequence {ring_seq}: {e}"))?;
+                }
+            }
+            last = Some(ring_seq);
+            self.rows.push(StepRow { seq: local.id, ..r });
         }
         let step = Step { rows: &self.rows, layers: w.layers.clone(), input, output, adapters: &[] };
         self.model.step(&self.pool, &mut w.kv, &step, &mut self.scratch).map_err(|e| e.to_string())?;

@@ -51,6 +51,10 @@ pub enum EngineError {
     /// Another device running part of the model (a ring's node) failed the step.
     #[error("{0}")]
     Remote(String),
+    /// The devices' caches were emptied before the step ran (a ring joined afresh), and
+    /// its sequences, all new, reused cached values that are gone: they start again.
+    #[error("the devices' caches were emptied before the step ran")]
+    CachesEmptied,
 }
 
 impl EngineError {

@@ -304,13 +304,18 @@ impl Serve {
 
     /// The completion of `prompt` (greedy), or the error's message.
     fn complete(&self, prompt: &str, max_tokens: usize) -> Result<String, String> {
+        self.complete_cached(prompt, max_tokens).map(|(text, _)| text)
+    }
+
+    /// The completion of `prompt` (greedy) and the prompt tokens the server found cached.
+    fn complete_cached(&self, prompt: &str, max_tokens: usize) -> Result<(String, u64), String> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let client = blink_server::client::Client::new(&self.url).unwrap();
         let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true});
         let r = rt.block_on(client.post_json("/v1/completions", &body)).map_err(|e| e.to_string())?;
         let v: serde_json::Value = r.json().map_err(|e| e.to_string())?;
         match v["choices"][0]["text"].as_str() {
-            Some(t) if r.status == 200 => Ok(t.to_string()),
+            Some(t) if r.status == 200 => Ok((t.to_string(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))),
             _ => Err(v["error"]["message"].as_str().unwrap_or("no message").to_string()),
         }
     }
@@ -351,6 +356,18 @@ fn serving_on_a_ring() {
     for (p, got) in prompts.iter().zip(concurrently(&ring)) {
         assert_eq!(got.unwrap(), alone.complete(p, 16).unwrap(), "three steps in flight, {p:?}");
     }
+    // The prefix cache on the ring: a long prompt again reuses its blocks on every device
+    // (whole ones shared, the last one's leading slots copied), with the same text.
+    let long = "Here is a list of the planets of the solar system, in order from the sun, with one fact about each of them: Mercury,";
+    let want = alone.complete(long, 16).unwrap();
+    let (first, _) = ring.complete_cached(long, 16).unwrap();
+    assert_eq!(first, want);
+    let (again, cached) = ring.complete_cached(long, 16).unwrap();
+    assert_eq!(again, want, "the prompt again, from the ring's prefix cache");
+    assert!(cached >= 16, "{cached} prompt tokens found cached");
+    let (longer, cached) = ring.complete_cached(&format!("{long} Venus,"), 16).unwrap();
+    assert_eq!(longer, alone.complete(&format!("{long} Venus,"), 16).unwrap(), "a longer prompt on the cached prefix");
+    assert!(cached >= 16, "{cached} prompt tokens found cached");
     // A node killed during a long request: the request fails at once, naming the device,
     // and the server stays up.
     let long = std::thread::scope(|s| {

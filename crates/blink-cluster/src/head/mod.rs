@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use blink_engine::serve::{RemoteHealth, RemoteSteps};
+use blink_engine::serve::{RemoteHealth, RemoteSteps, TableSync};
 use blink_engine::{EngineError, Steps};
 use blink_model::lora::LoraMix;
 use blink_model::{Matrices, Model, Scratch, SeqId, StepInput, StepOutput, StepRow};
@@ -148,6 +148,8 @@ pub struct RingHead {
     health: Arc<Health>,
     /// The head's own windows streamed from the file, when they exceed its budget.
     streamer: Option<Streamer>,
+    /// How many times the head joined a ring afresh (the devices' caches emptied).
+    joined: u64,
 }
 
 impl RingHead {
@@ -194,6 +196,7 @@ impl RingHead {
             last_rejoin: None,
             health,
             streamer,
+            joined: 0,
         })
     }
 
@@ -372,14 +375,25 @@ impl RingHead {
 /// The serving engine's steps on the ring: one or several micro-batches in flight, the
 /// engine's scheduling beside them.
 impl RemoteSteps for RingHead {
-    fn start(&mut self, rows: &[StepRow], released: &[SeqId], idle: bool) -> Result<u64, EngineError> {
-        if idle {
+    fn prepare(&mut self, may_change: bool) -> Result<bool, EngineError> {
+        let joined = self.joined;
+        if may_change {
             // Nothing the devices hold is live: the ring may change under the step.
             self.restore();
         }
+        self.check()?;
+        Ok(self.joined != joined)
+    }
+
+    fn start(&mut self, rows: &[StepRow], released: &[SeqId], sync: &[TableSync]) -> Result<u64, EngineError> {
         for &seq in released {
             self.release(seq);
         }
+        self.ops.extend(sync.iter().map(|s| match *s {
+            TableSync::Cut { seq, blocks } => CacheOp::Cut { seq: seq as u32, blocks: blocks as u32 },
+            TableSync::Block { seq, block } => CacheOp::Block { seq: seq as u32, block },
+            TableSync::Copy { src, dst, slots } => CacheOp::Copy { src, dst, slots: slots as u32 },
+        }));
         self.submit(rows)
     }
 

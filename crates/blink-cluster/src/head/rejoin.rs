@@ -109,6 +109,7 @@ impl RingHead {
         self.ops.clear();
         self.broken = None;
         self.health.set_whole();
+        self.joined += 1;
         Ok(())
     }
 }

@@ -57,6 +57,15 @@ pub enum CacheOp {
     Truncate { seq: u32, len: u32 },
     /// Forget the sequence.
     Release { seq: u32 },
+    /// The head keeps the block tables (the serving engine's bookkeeping, prefix cache
+    /// and all): keep the first `blocks` blocks of the sequence's table, starting the
+    /// sequence if it is new. Its blocks are then the head's choice.
+    Cut { seq: u32, blocks: u32 },
+    /// Block `block` is the next of the sequence's table.
+    Block { seq: u32, block: u32 },
+    /// Copy the first `slots` positions of block `src` into block `dst` (a prefix that
+    /// ends inside a block, reused).
+    Copy { src: u32, dst: u32, slots: u32 },
 }
 
 /// One row of a step as it travels.
@@ -211,6 +220,22 @@ impl Message {
                             w.u32(seq);
                             w.u32(0);
                         }
+                        CacheOp::Cut { seq, blocks } => {
+                            w.u8(2);
+                            w.u32(seq);
+                            w.u32(blocks);
+                        }
+                        CacheOp::Block { seq, block } => {
+                            w.u8(3);
+                            w.u32(seq);
+                            w.u32(block);
+                        }
+                        CacheOp::Copy { src, dst, slots } => {
+                            w.u8(4);
+                            w.u32(src);
+                            w.u32(dst);
+                            w.u32(slots);
+                        }
                     }
                 }
                 w.u32(s.rows.len() as u32);
@@ -269,13 +294,17 @@ impl Message {
             STEP => {
                 let id = r.u64("step")?;
                 let first_layer = r.u32("step")?;
+                // Every command takes at least 9 bytes (a copy 13).
                 let n = r.count(9, "cache commands")?;
                 let mut ops = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let (op, seq, len) = (r.u8("cache commands")?, r.u32("cache commands")?, r.u32("cache commands")?);
+                    let (op, a, b) = (r.u8("cache commands")?, r.u32("cache commands")?, r.u32("cache commands")?);
                     ops.push(match op {
-                        0 => CacheOp::Truncate { seq, len },
-                        1 => CacheOp::Release { seq },
+                        0 => CacheOp::Truncate { seq: a, len: b },
+                        1 => CacheOp::Release { seq: a },
+                        2 => CacheOp::Cut { seq: a, blocks: b },
+                        3 => CacheOp::Block { seq: a, block: b },
+                        4 => CacheOp::Copy { src: a, dst: b, slots: r.u32("cache commands")? },
                         b => return Err(WireError::Invalid(format!("cache command {b}"))),
                     });
                 }

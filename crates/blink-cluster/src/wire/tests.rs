@@ -27,7 +27,13 @@ fn samples() -> Vec<Message> {
         Message::Step(StepFrame {
             id: u64::MAX - 1,
             first_layer: 15,
-            ops: vec![CacheOp::Truncate { seq: 3, len: 17 }, CacheOp::Release { seq: 4 }],
+            ops: vec![
+                CacheOp::Truncate { seq: 3, len: 17 },
+                CacheOp::Release { seq: 4 },
+                CacheOp::Cut { seq: 5, blocks: 2 },
+                CacheOp::Block { seq: 5, block: 901 },
+                CacheOp::Copy { src: 7, dst: 901, slots: 9 },
+            ],
             rows: vec![WireRow { seq: 3, pos: 17, kind: RowKind::Decode }, WireRow { seq: 5, pos: 0, kind: RowKind::Prompt }],
             hidden: vec![1.5, -0.0, f32::MIN_POSITIVE, 3.25, 1e30, -7.0],
         }),

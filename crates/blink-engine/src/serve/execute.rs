@@ -3,12 +3,17 @@
 //! for the next step beside them either way.
 //!
 //! A remote executor keeps the cache's bookkeeping here (a cache of no layers: block
-//! accounting for admission, nothing else) and tells the devices which sequences the
-//! scheduler let go of: a sequence no longer in the bookkeeping, or one starting again
-//! at position 0 under a number it had before, is released on the devices with the next
-//! step. It may keep several steps in flight (its depth): the step loop then launches
+//! accounting for admission, and the prefix cache) and the devices' caches follow its
+//! block tables: each step carries the changes to its sequences' tables since the last
+//! ([`TableSync`]) and the slot copies a reused prefix owes, so a block the prefix cache
+//! shares holds the same values on every device. A sequence no longer in the
+//! bookkeeping, or one starting again at position 0 under a number it had before, is
+//! released on the devices with the next step. When the devices' caches are emptied (a
+//! ring joined afresh) the prefix cache is forgotten, and a step whose sequences had
+//! values there fails. It may keep several steps in flight (its depth): the step loop then launches
 //! steps of different sequences and lands them as they come back.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,13 +26,28 @@ use super::EngineConfig;
 use crate::runner::Runner;
 use crate::EngineError;
 
+/// A change the devices' caches make to follow the bookkeeping's block tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableSync {
+    /// Keep the first `blocks` blocks of `seq`'s table (starting the sequence if new).
+    Cut { seq: SeqId, blocks: usize },
+    /// `block` is the next of `seq`'s table.
+    Block { seq: SeqId, block: u32 },
+    /// Copy the first `slots` positions of block `src` into block `dst`.
+    Copy { src: u32, dst: u32, slots: usize },
+}
+
 /// Where steps run when they leave this process (a ring's head implements it). A step's
-/// rows number their sequences as the engine's bookkeeping does.
+/// rows number their sequences as the engine's bookkeeping does, and the devices' caches
+/// follow its block tables.
 pub trait RemoteSteps: Send {
-    /// Start a step of `rows`, after forgetting the sequences `released` on every device;
-    /// returns the step's number. `idle`: no sequence the devices hold is live (every row
-    /// starts a sequence), so the devices may change under the step.
-    fn start(&mut self, rows: &[StepRow], released: &[SeqId], idle: bool) -> Result<u64, EngineError>;
+    /// Before a step: join the devices again if they were lost and, when `may_change`
+    /// (nothing the devices hold is live), go back to the planned devices if they answer.
+    /// Returns whether the devices' caches were emptied meanwhile (new devices joined).
+    fn prepare(&mut self, may_change: bool) -> Result<bool, EngineError>;
+    /// Start a step of `rows`, after forgetting the sequences `released` on every device
+    /// and applying `sync` to their caches; returns the step's number.
+    fn start(&mut self, rows: &[StepRow], released: &[SeqId], sync: &[TableSync]) -> Result<u64, EngineError>;
     /// Wait for a step in flight to come back and return its number; the logits of its
     /// rows that asked for them are then in [`RemoteSteps::scratch`] (until the next
     /// call). An error fails every step in flight.
@@ -58,6 +78,12 @@ pub(super) struct Remote {
     /// Sequences the devices hold, and those to release with the next step.
     sent: Vec<SeqId>,
     released: Vec<SeqId>,
+    /// The block tables the devices hold, by sequence.
+    tables: HashMap<SeqId, Vec<u32>>,
+    /// Sequences whose values were on devices that left (until they are released).
+    lost: Vec<SeqId>,
+    /// The next step's table changes.
+    sync: Vec<TableSync>,
 }
 
 impl Executor {
@@ -71,8 +97,9 @@ impl Executor {
     /// Plans run on `steps`, up to `depth` at once; `model` (the head's share) gives the
     /// bookkeeping's shape.
     pub(super) fn remote(model: &Model, cfg: &EngineConfig, steps: Box<dyn RemoteSteps>, depth: usize) -> Result<Executor, EngineError> {
-        let kv = model.try_new_kv_cache_for(0..0, cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("the cache's bookkeeping", cfg.kv_tokens))?;
-        Ok(Executor::Remote(Remote { kv, steps, depth: depth.max(1), sent: Vec::new(), released: Vec::new() }))
+        let mut kv = model.try_new_kv_cache_for(0..0, cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("the cache's bookkeeping", cfg.kv_tokens))?;
+        kv.limit_cached_tokens(cfg.cached_tokens_limit());
+        Ok(Executor::Remote(Remote { kv, steps, depth: depth.max(1), sent: Vec::new(), released: Vec::new(), tables: HashMap::new(), lost: Vec::new(), sync: Vec::new() }))
     }
 
     /// Most steps in flight at once (1 on the local pool).
@@ -160,7 +187,9 @@ impl Remote {
         }
         self.released.clear();
         let kv = &self.kv;
-        let restarted = |s: SeqId| plan.rows.iter().any(|r| r.seq == s && r.pos == 0);
+        // A number the devices hold that names a new sequence now (admitted in this
+        // plan, perhaps on a cached prefix, or starting at 0): the old one goes first.
+        let restarted = |s: SeqId| plan.admitted.contains(&s) || plan.rows.iter().any(|r| r.seq == s && r.pos == 0);
         self.sent.retain(|&s| {
             let gone = kv.seq_len(s).is_err() || restarted(s);
             if gone {
@@ -168,13 +197,59 @@ impl Remote {
             }
             !gone
         });
-        // Nothing left on the devices: every row starts a sequence (no prefix is shared).
+        for s in &self.released {
+            self.tables.remove(s);
+        }
+        // Nothing left on the devices: they may change under the step.
         let idle = self.sent.is_empty();
+        if self.steps.prepare(idle)? {
+            // New devices, empty caches: what the bookkeeping knew of their values is gone
+            // (the copies owed from it too), and the sequences they held cannot go on.
+            self.kv.forget_prefixes();
+            self.kv.apply_copies();
+            self.lost.append(&mut self.sent);
+            self.released.clear();
+            self.tables.clear();
+            if plan.rows.iter().any(|r| r.pos > 0) {
+                // New sequences that reused a cached prefix start again; running ones fail.
+                return Err(if idle { EngineError::CachesEmptied } else { EngineError::Remote("the ring changed, and the values this step's sequences had on it are gone".into()) });
+            }
+        }
+        let kv = &self.kv;
+        self.lost.retain(|&s| kv.seq_len(s).is_ok() && !restarted(s));
+        if plan.rows.iter().any(|r| self.lost.contains(&r.seq)) {
+            return Err(EngineError::Remote("the ring changed, and the values of sequences running on it are gone".into()));
+        }
         for row in &plan.rows {
             if !self.sent.contains(&row.seq) {
                 self.sent.push(row.seq);
             }
         }
-        self.steps.start(&plan.rows, &self.released, idle)
+        self.sync_tables(plan)?;
+        self.steps.start(&plan.rows, &self.released, &self.sync)
+    }
+
+    /// The table changes and slot copies the devices need before `plan`'s step: each
+    /// sequence's table from the first block that differs from what they hold.
+    fn sync_tables(&mut self, plan: &StepPlan) -> Result<(), EngineError> {
+        self.sync.clear();
+        for c in self.kv.pending_copies() {
+            self.sync.push(TableSync::Copy { src: c.src, dst: c.dst, slots: c.slots });
+        }
+        // The bookkeeping has no values: this only settles the copies' accounts.
+        self.kv.apply_copies();
+        for row in &plan.rows {
+            let table = self.kv.block_table(row.seq)?;
+            let held = self.tables.entry(row.seq).or_insert_with(|| Vec::with_capacity(table.len()));
+            let same = held.iter().zip(table).take_while(|(a, b)| a == b).count();
+            if same == held.len() && same == table.len() && same > 0 {
+                continue;
+            }
+            self.sync.push(TableSync::Cut { seq: row.seq, blocks: same });
+            self.sync.extend(table[same..].iter().map(|&block| TableSync::Block { seq: row.seq, block }));
+            held.truncate(same);
+            held.extend_from_slice(&table[same..]);
+        }
+        Ok(())
     }
 }

@@ -39,7 +39,7 @@ use crate::EngineError;
 
 pub use api::{EngineStats, Event, LatencyKindStats, Request, SubmitError, TokenLogprobs, Usage};
 pub use coserve::{CoServe, SloTargets, TrainingPolicy, UnitRun};
-pub use execute::{RemoteHealth, RemoteSteps};
+pub use execute::{RemoteHealth, RemoteSteps, TableSync};
 pub use plan::{Chunk, StepCost, StepPlan};
 
 /// Sizes and limits of the serving engine.
@@ -169,11 +169,10 @@ impl Engine {
     }
 
     /// As [`Engine::start`], its steps running on `remote` (a ring of devices; `model`
-    /// is the head's share), up to `in_flight` steps of different sequences at once.
-    /// Prompt prefixes are not shared between requests there (the devices' caches hold no
-    /// prefix cache), and nothing is co-served.
+    /// is the head's share), up to `in_flight` steps of different sequences at once. The
+    /// devices' caches follow the bookkeeping's block tables, so prompt prefixes are shared
+    /// there as here. Nothing is co-served.
     pub fn start_remote(model: Arc<Model>, eog: Vec<u32>, config: EngineConfig, remote: Box<dyn RemoteSteps>, in_flight: usize) -> Result<Engine, EngineError> {
-        let config = EngineConfig { prefix_cache: false, ..config };
         Engine::start_inner(model, eog, config, None, Some((remote, in_flight)))
     }
 

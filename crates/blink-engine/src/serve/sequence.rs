@@ -141,4 +141,13 @@ impl Seq {
     pub(super) fn unschedule(&mut self) {
         self.scheduled = self.computed;
     }
+
+    /// Start again from the first token (a new sequence whose reused prefix was lost
+    /// before its first step ran).
+    pub(super) fn restart(&mut self) {
+        debug_assert_eq!(self.generated, 0, "only a sequence that generated nothing starts again");
+        self.computed = 0;
+        self.scheduled = 0;
+        self.cached = 0;
+    }
 }

@@ -165,6 +165,10 @@ impl StepLoop {
                     }
                     std::mem::swap(&mut self.plan, &mut self.next);
                 }
+                Err(EngineError::CachesEmptied) => {
+                    planned = false;
+                    self.sched.restart(&self.plan, self.exec.kv_mut());
+                }
                 Err(e) => {
                     planned = false;
                     self.sched.fail(&self.plan, &e.to_string());
@@ -202,6 +206,10 @@ impl StepLoop {
                     Ok(id) => {
                         self.sched.in_flight(&plan, true);
                         flights.push_back((id, plan, Instant::now()));
+                    }
+                    Err(EngineError::CachesEmptied) => {
+                        self.sched.restart(&plan, self.exec.kv_mut());
+                        spare.push(plan);
                     }
                     Err(e) => {
                         self.sched.fail(&plan, &e.to_string());

@@ -49,6 +49,23 @@ impl Scheduler {
         }
     }
 
+    /// `plan`'s step did not run because the devices' caches were emptied first: its
+    /// sequences, all new, start again from their first token (what they reused of the
+    /// prefix cache is gone), and the others' prompts are planned again.
+    pub(super) fn restart(&mut self, plan: &StepPlan, kv: &mut KvCache) {
+        for row in &plan.rows {
+            let i = self.index(row.seq);
+            let seq = &mut self.running[i];
+            if seq.computed > 0 || seq.scheduled > 0 {
+                let _ = kv.truncate(seq.kv, 0);
+                seq.restart();
+            }
+        }
+        for seq in &mut self.running {
+            seq.unschedule();
+        }
+    }
+
     /// `plan`'s step could not run (a bug or an inconsistent cache): fail its sequences,
     /// put the others' prompts back to be planned again, and keep serving.
     pub(super) fn fail(&mut self, plan: &StepPlan, error: &str) {
@@ -56,6 +73,8 @@ impl Scheduler {
         for row in &plan.rows {
             let i = self.index(row.seq);
             let seq = &mut self.running[i];
+            // Its values are not to be trusted: none of them is published for reuse.
+            seq.computed = 0;
             if seq.finished().is_none() {
                 seq.finish(FinishReason::Stop);
                 self.outbox.push((seq.kv, Event::Failed(msg.clone())));

@@ -293,6 +293,48 @@ impl KvBlocks {
         Ok(())
     }
 
+    /// Forget every cached prefix: the values were lost (a ring's devices emptied their
+    /// caches). Cached blocks become free; no later sequence attaches what was published.
+    pub fn forget_prefixes(&mut self) {
+        self.pool.forget_all();
+    }
+
+    /// Mirroring (a ring device whose head keeps the bookkeeping, prefix cache and all):
+    /// keep the first `blocks` blocks of `id`'s table, its length within them. A mirrored
+    /// sequence's blocks are the head's choice; this cache's pool never hands them out nor
+    /// takes them back, so such a cache allocates for no sequence ([`KvBlocks::grow`]
+    /// within the table only) and forgets them with [`KvBlocks::forget_mirrored`].
+    pub fn mirror_cut(&mut self, id: SeqId, blocks: usize) -> Result<(), KvError> {
+        let seq = self.seq_mut(id)?;
+        seq.table.truncate(blocks);
+        seq.len = seq.len.min(blocks * BLOCK_TOKENS);
+        Ok(())
+    }
+
+    /// Mirroring: block `block` is the next of `id`'s table.
+    pub fn mirror_push(&mut self, id: SeqId, block: u32) -> Result<(), KvError> {
+        let n_blocks = self.n_blocks;
+        if block as usize >= n_blocks {
+            return Err(KvError::NoSuchBlock { block, n_blocks });
+        }
+        self.seq_mut(id)?.table.push(block);
+        Ok(())
+    }
+
+    /// Mirroring: set `id`'s length to `len` tokens, within its table.
+    pub fn mirror_len(&mut self, id: SeqId, len: usize) -> Result<(), KvError> {
+        let seq = self.seq_mut(id)?;
+        seq.len = len.min(seq.table.len() * BLOCK_TOKENS);
+        Ok(())
+    }
+
+    /// Mirroring: forget `id` (its blocks stay the head's business).
+    pub fn forget_mirrored(&mut self, id: SeqId) {
+        if let Some(slot) = self.seqs.get_mut(id) {
+            *slot = None;
+        }
+    }
+
     /// Attach to the empty sequence `id` what the prefix cache holds of a prefix of
     /// `tokens` under the sequence's key, leaving at least the last token to compute. Whole
     /// cached blocks are shared; where the match ends inside a block, the matching leading

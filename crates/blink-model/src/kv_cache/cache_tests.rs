@@ -323,3 +323,42 @@ fn random_work_keeps_values_keys_and_the_limit_and_gives_back_free_pages() {
         assert_eq!(kv.released_blocks(), n);
     }
 }
+
+#[test]
+fn forgotten_prefixes_are_attached_no_more_and_their_blocks_are_free() {
+    let mut kv = cache(8);
+    let prompt: Vec<u32> = (0..40).collect();
+    let a = kv.new_seq();
+    kv.grow(a, 40).unwrap();
+    kv.publish_prefix(a, &prompt).unwrap();
+    kv.free_seq(a);
+    assert_eq!((kv.cached_blocks(), kv.free_blocks()), (3, 8));
+    kv.forget_prefixes();
+    assert_eq!((kv.cached_blocks(), kv.free_blocks()), (0, 8));
+    let b = kv.new_seq();
+    assert_eq!(kv.attach_prefix(b, &prompt).unwrap(), 0, "nothing is known any more");
+    assert!(kv.pending_copies().is_empty());
+}
+
+#[test]
+fn a_mirrored_table_is_the_heads_and_takes_nothing_from_the_pool() {
+    let mut kv = cache(8);
+    let s = kv.new_seq();
+    kv.mirror_cut(s, 0).unwrap();
+    kv.mirror_push(s, 5).unwrap();
+    kv.mirror_push(s, 2).unwrap();
+    assert_eq!(kv.mirror_push(s, 8), Err(KvError::NoSuchBlock { block: 8, n_blocks: 8 }));
+    assert_eq!(kv.block_table(s).unwrap(), &[5, 2]);
+    // Growing within the table allocates nothing.
+    kv.grow(s, 2 * BLOCK_TOKENS).unwrap();
+    assert_eq!((kv.free_blocks(), kv.block_table(s).unwrap().len()), (8, 2));
+    kv.mirror_len(s, 3).unwrap();
+    assert_eq!(kv.seq_len(s).unwrap(), 3);
+    // The head cut the table back to a block and named another.
+    kv.mirror_cut(s, 1).unwrap();
+    kv.mirror_push(s, 7).unwrap();
+    assert_eq!(kv.block_table(s).unwrap(), &[5, 7]);
+    kv.forget_mirrored(s);
+    assert_eq!(kv.seq_len(s), Err(KvError::UnknownSeq(s)));
+    assert_eq!(kv.free_blocks(), 8, "the pool never knew the head's blocks");
+}

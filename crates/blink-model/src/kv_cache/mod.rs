@@ -127,6 +127,8 @@ pub enum KvError {
     Full { needed: usize, free: usize },
     #[error("unknown sequence id {0}")]
     UnknownSeq(usize),
+    #[error("block {block} is not in a cache of {n_blocks} blocks")]
+    NoSuchBlock { block: u32, n_blocks: usize },
 }
 
 /// K and V buffers of one element type, all layers in one allocation each.
@@ -247,6 +249,26 @@ impl KvCache {
             }
         }
         self.blocks.copies_done();
+    }
+
+    /// Copy the first `slots` positions of block `src` into block `dst` now, values only
+    /// (a ring device making a copy its head's bookkeeping owes; see
+    /// [`KvBlocks::mirror_cut`]).
+    pub fn copy_slots(&mut self, src: u32, dst: u32, slots: usize) -> Result<(), KvError> {
+        let n_blocks = self.blocks.n_blocks();
+        for block in [src, dst] {
+            if block as usize >= n_blocks {
+                return Err(KvError::NoSuchBlock { block, n_blocks });
+            }
+        }
+        let slots = slots.min(BLOCK_TOKENS);
+        for shard in &mut self.shards {
+            match &mut shard.data {
+                KvData::F16(s) => s.copy_slots(&shard.layout, src, dst, slots),
+                KvData::F32(s) => s.copy_slots(&shard.layout, src, dst, slots),
+            }
+        }
+        Ok(())
     }
 
     /// The shards' layouts, in part order.

@@ -221,6 +221,18 @@ impl BlockPool {
         }
     }
 
+    /// Forget every block's known contents (the values behind them are gone): cached
+    /// blocks become free, owned ones stay owned.
+    pub(crate) fn forget_all(&mut self) {
+        for (_, b) in std::mem::take(&mut self.evictable) {
+            self.content[b as usize] = None;
+            self.free(b);
+        }
+        self.content.iter_mut().for_each(|c| *c = None);
+        self.index.clear();
+        self.children.clear();
+    }
+
     /// Add an owner to `b` (a shared prefix block, or the source of a copy).
     pub(crate) fn retain(&mut self, b: u32) {
         let i = b as usize;
