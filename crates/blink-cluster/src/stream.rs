@@ -83,7 +83,7 @@ fn layer_of(name: &str) -> Option<usize> {
 
 impl Streamer {
     /// Streams `windows` of `model`, loaded from `file` with
-    /// [`Matrices::Streamed`](blink_model::Matrices::Streamed), keeping resident the windows
+    /// [`Matrices::Streamed`](blink_model::Matrices::Streamed) (or `Refilled`), keeping resident the windows
     /// that fit in `budget` bytes beside room for the largest of them (in order: the
     /// first ones).
     pub fn new(file: Arc<GgufFile>, model: Arc<Model>, windows: &[Range<usize>], budget: u64, force: bool) -> Streamer {

@@ -10,16 +10,27 @@ use blink_gguf::GgufFile;
 use blink_model::{Matrices, Model, Share, TensorPlacement};
 
 #[test]
-fn windows_come_in_before_use_and_leave_for_real() {
+fn mapped_windows_come_in_before_use_and_leave_for_real() {
+    windows_come_in_before_use_and_leave_for_real(Matrices::Streamed);
+}
+
+#[test]
+fn refilled_windows_come_in_before_use_and_leave_for_real() {
+    windows_come_in_before_use_and_leave_for_real(Matrices::Refilled);
+}
+
+/// `matrices`: left in the file's map where the kernels read it (every type on x86), or
+/// repacked copies refilled before each use (as on NEON).
+fn windows_come_in_before_use_and_leave_for_real(matrices: Matrices) {
     let model = blink_model::fetch::ensure_default_model().expect("the default model");
     // A copy of our own: another process mapping the same file would keep its pages.
-    let copy = std::env::temp_dir().join(format!("blink-stream-{}.gguf", std::process::id()));
+    let copy = std::env::temp_dir().join(format!("blink-stream-{}-{matrices:?}.gguf", std::process::id()));
     std::fs::copy(&model, &copy).unwrap();
     // Written pages must reach the disk before the page cache may drop them.
     std::fs::File::open(&copy).unwrap().sync_all().unwrap();
     let file = Arc::new(GgufFile::open(&copy).unwrap());
     let windows = [0..10, 10..20, 20..30];
-    let model = Model::from_gguf_share(file.clone(), &TensorPlacement::flat(1), Share::windows(windows.to_vec(), Matrices::Streamed)).unwrap();
+    let model = Model::from_gguf_share(file.clone(), &TensorPlacement::flat(1), Share::windows(windows.to_vec(), matrices)).unwrap();
     let model = Arc::new(model);
     let mut s = Streamer::new(file.clone(), model.clone(), &windows, 0, true);
     assert_eq!(s.n_kept(), 0, "no budget: every window streams");

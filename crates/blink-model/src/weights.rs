@@ -189,9 +189,19 @@ pub enum Matrices {
     /// All in the file's map, row-major: no copy (slower products).
     Mapped,
     /// Streamed: in the file's map where the kernels read the file's layout (on x86,
-    /// every type), else room reserved but not filled for a repacked copy, which the
-    /// process refills from the file before each use and gives back after.
+    /// every type), else as [`Matrices::Refilled`].
     Streamed,
+    /// Streamed as repacked copies wherever the kernels repack: room reserved but not
+    /// filled, which the process refills from the file before each use and gives back
+    /// after (the others in the file's map).
+    Refilled,
+}
+
+impl Matrices {
+    /// Whether the matrices are held only around their use (streamed or refilled).
+    pub fn streamed(self) -> bool {
+        matches!(self, Matrices::Streamed | Matrices::Refilled)
+    }
 }
 
 impl Share {
@@ -255,7 +265,7 @@ impl<'a> Loader<'a> {
             Home::Node { topology, node } => Some((topology, node)),
         };
         // Streamed copies are given back and refilled window by window: no huge pages.
-        let arena = if matrices == Matrices::Streamed { Arena::small_pages(node) } else { Arena::new(node) };
+        let arena = if matrices.streamed() { Arena::small_pages(node) } else { Arena::new(node) };
         Loader { file, isa, home, arena, used, matrices }
     }
 
@@ -307,7 +317,8 @@ impl<'a> Loader<'a> {
         let rb = data.len() / rows.max(1);
         let slice = &data[range.start * rb..range.end * rb];
         let n = range.len();
-        if for_products && matrices == Matrices::Streamed && !gemm::reads_row_major(self.isa, info.ty) {
+        let refilled = matrices == Matrices::Refilled || (matrices == Matrices::Streamed && !gemm::reads_row_major(self.isa, info.ty));
+        if for_products && refilled {
             if let Some(len) = gemm::prepared_len(self.isa, info.ty, n, cols) {
                 let piece = self.arena.reserve(len).map_err(|e| ModelError::Placement(e.to_string()))?;
                 return Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout: Layout::Packed, data: Blob::piece(piece), refillable: true });
@@ -376,7 +387,7 @@ impl Weights {
         let token_embd = ld.rows("token_embd.weight", d, vocab, part.vocab_rows.clone(), false)?;
         // Only layers stream: a process streaming its windows is a ring device that runs
         // no LM head, which stays in the map.
-        let head = if ld.matrices == Matrices::Streamed { Matrices::Mapped } else { ld.matrices };
+        let head = if ld.matrices.streamed() { Matrices::Mapped } else { ld.matrices };
         let output_name = if ld.file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
         let output = ld.rows_as(output_name, d, vocab, part.vocab_rows.clone(), true, head)?;
         let output_norm = ld.vector("output_norm.weight", d)?;

@@ -308,7 +308,7 @@ impl RingHead {
 /// windows and their caches over its budget), with every window given back but the ones
 /// it keeps and the first it streams.
 fn own_streamer(model: &Arc<Model>, own: &[std::ops::Range<usize>], spec: &RingSpec, sizes: &RunnerConfig) -> Option<Streamer> {
-    if model.share().matrices != Matrices::Streamed || own.is_empty() {
+    if !model.share().matrices.streamed() || own.is_empty() {
         return None;
     }
     let memory = spec.head.and_then(|h| spec.memory.get(h).copied()).unwrap_or(0);
