@@ -307,6 +307,19 @@ impl Serve {
         self.complete_cached(prompt, max_tokens).map(|(text, _)| text)
     }
 
+    /// The completion of `prompt` (greedy), asked again every 300 ms until the ring is
+    /// back (at most 20 s).
+    fn complete_once_back(&self, prompt: &str, max_tokens: usize) -> String {
+        let started = Instant::now();
+        loop {
+            match self.complete(prompt, max_tokens) {
+                Ok(t) => return t,
+                Err(e) => assert!(started.elapsed() < Duration::from_secs(20), "the ring did not come back: {e}\n{}", self.log()),
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     /// The completion of `prompt` (greedy) and the prompt tokens the server found cached.
     fn complete_cached(&self, prompt: &str, max_tokens: usize) -> Result<(String, u64), String> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -392,16 +405,7 @@ fn serving_on_a_ring() {
     // the head and the other node (the lost node's ten layers shared out: 15 and 15),
     // with the same text.
     let want = alone.complete(&prompts[0], 16).unwrap();
-    let until_ok = || {
-        let started = Instant::now();
-        loop {
-            match ring.complete(&prompts[0], 16) {
-                Ok(t) => break t,
-                Err(e) => assert!(started.elapsed() < Duration::from_secs(20), "the ring did not come back: {e}"),
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    };
+    let until_ok = || ring.complete_once_back(&prompts[0], 16);
     assert_eq!(until_ok(), want);
     assert!(a.log().contains("assigned layers [15..30]"), "{}", a.log());
     assert_eq!(ring.health().0, 200, "re-planned, the ring runs again");
@@ -456,15 +460,7 @@ fn a_planned_ring_is_planned_again_without_a_lost_device() {
     // Lost, the third device's windows go to the others by the planner's program: the
     // same text.
     b.child.kill().unwrap();
-    let started = Instant::now();
-    let got = loop {
-        match ring.complete("Count to 3:", 16) {
-            Ok(t) => break t,
-            Err(e) => assert!(started.elapsed() < Duration::from_secs(20), "the ring did not come back: {e}\n{}", ring.log()),
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    };
-    assert_eq!(got, want);
+    assert_eq!(ring.complete_once_back("Count to 3:", 16), want);
     assert!(ring.log().contains(&format!("re-planned the ring (by the planner) without device 3 at {}", b.addr)), "{}", ring.log());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,9 +9,11 @@
 //! shares holds the same values on every device. A sequence no longer in the
 //! bookkeeping, or one starting again at position 0 under a number it had before, is
 //! released on the devices with the next step. When the devices' caches are emptied (a
-//! ring joined afresh) the prefix cache is forgotten, and a step whose sequences had
-//! values there fails. It may keep several steps in flight (its depth): the step loop then launches
-//! steps of different sequences and lands them as they come back.
+//! ring joined afresh) the prefix cache is forgotten: new sequences that reused it start
+//! again, running ones fail.
+//!
+//! A remote executor may keep several steps in flight (its depth): the step loop then
+//! launches steps of different sequences and lands them as they come back.
 
 use std::collections::HashMap;
 use std::sync::Arc;
