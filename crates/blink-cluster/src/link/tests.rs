@@ -10,22 +10,39 @@ fn token(s: &str) -> Token {
     Token::new(s).unwrap()
 }
 
+/// A listener on a free loopback port, and its address.
+async fn listener() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    (listener, addr)
+}
+
+/// A task that accepts one connection proving `t`, with frames of up to `max` bytes, and
+/// then runs `then` on it.
+fn serve_one<T, F, Fut>(listener: TcpListener, t: &Token, max: usize, then: F) -> tokio::task::JoinHandle<T>
+where
+    F: FnOnce(FrameReader, FrameWriter, Role) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+    T: Send + 'static,
+{
+    let t = t.clone();
+    tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let (r, w, role) = accept(s, &t, max).await.unwrap();
+        then(r, w, role).await
+    })
+}
+
 #[test]
 fn both_sides_prove_the_token_and_frames_flow() {
     rt().block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
+        let (listener, addr) = listener().await;
         let t = token("a ring token of enough bytes");
-        let server = {
-            let t = t.clone();
-            tokio::spawn(async move {
-                let (s, _) = listener.accept().await.unwrap();
-                let (mut r, mut w, role) = accept(s, &t, 1 << 20).await.unwrap();
-                assert_eq!(role, Role::Head);
-                let m = r.read().await.unwrap();
-                w.send(&m).await.unwrap();
-            })
-        };
+        let server = serve_one(listener, &t, 1 << 20, |mut r, mut w, role| async move {
+            assert_eq!(role, Role::Head);
+            let m = r.read().await.unwrap();
+            w.send(&m).await.unwrap();
+        });
         let (mut r, mut w) = connect(&addr, &t, Role::Head, 1 << 20).await.unwrap();
         w.send(&Message::Ping { at: 42 }).await.unwrap();
         assert_eq!(r.read().await.unwrap(), Message::Ping { at: 42 });
@@ -36,8 +53,7 @@ fn both_sides_prove_the_token_and_frames_flow() {
 #[test]
 fn a_wrong_token_is_refused_on_both_sides() {
     rt().block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
+        let (listener, addr) = listener().await;
         let server = tokio::spawn(async move {
             let (s, _) = listener.accept().await.unwrap();
             accept(s, &token("the listener's token, long"), 1 << 20).await.err()
@@ -53,8 +69,7 @@ fn a_wrong_token_is_refused_on_both_sides() {
 #[test]
 fn garbage_and_silence_close_the_connection_with_an_error() {
     rt().block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
+        let (listener, addr) = listener().await;
         let t = token("a ring token of enough bytes");
         let server = tokio::spawn(async move {
             let mut errors = Vec::new();
@@ -87,25 +102,19 @@ fn garbage_and_silence_close_the_connection_with_an_error() {
 #[test]
 fn a_shim_delays_frames_as_a_slow_wire_would() {
     rt().block_on(async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
+        let (listener, addr) = listener().await;
         let t = token("a ring token of enough bytes");
-        let server = {
-            let t = t.clone();
-            tokio::spawn(async move {
-                let (s, _) = listener.accept().await.unwrap();
-                let (r, _w, _) = accept(s, &t, 1 << 24).await.unwrap();
-                // 40 ms per frame, and 8 Mbit/s: a 100 kB frame takes 100 ms to carry.
-                let mut r = Incoming::new(r, Shim::new(40.0, 8.0).unwrap());
-                let start = Instant::now();
-                let mut at = Vec::new();
-                for _ in 0..3 {
-                    r.read().await.unwrap();
-                    at.push(start.elapsed());
-                }
-                at
-            })
-        };
+        let server = serve_one(listener, &t, 1 << 24, |r, _w, _| async move {
+            // 40 ms per frame, and 8 Mbit/s: a 100 kB frame takes 100 ms to carry.
+            let mut r = Incoming::new(r, Shim::new(40.0, 8.0).unwrap());
+            let start = Instant::now();
+            let mut at = Vec::new();
+            for _ in 0..3 {
+                r.read().await.unwrap();
+                at.push(start.elapsed());
+            }
+            at
+        });
         let (_r, mut w) = connect(&addr, &t, Role::Head, 1 << 24).await.unwrap();
         // Two small frames at once, then a large one.
         w.send(&Message::Ping { at: 1 }).await.unwrap();
