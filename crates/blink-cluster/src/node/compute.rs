@@ -34,14 +34,17 @@ impl Route {
 
 /// Run steps until the node's assignment ends. With a `streamer`, each window's weights
 /// are given back once it has run (after its output is sent, for the last window a step
-/// runs here) and the next window is read ahead.
+/// runs here) and the next window is read ahead, unless a step already waiting (several
+/// in flight) enters the same window.
 pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, work: Receiver<StepFrame>, out: UnboundedSender<Outgoing>) {
     let first = windows.layers().next().map_or(0, |w| w.start);
     if let Some(s) = &mut streamer {
         // SAFETY: steps run on this thread only, and none is running.
         unsafe { s.start() };
     }
-    while let Ok(mut frame) = work.recv() {
+    // A step taken from the queue early, to see which window it enters.
+    let mut waiting: Option<StepFrame> = None;
+    while let Some(mut frame) = waiting.take().or_else(|| work.recv().ok()) {
         let id = frame.id;
         let mut ran = None;
         let result = loop {
@@ -78,8 +81,11 @@ pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, w
             }
         }
         if let (Some(s), Some(w)) = (&mut streamer, ran) {
-            // SAFETY: as above.
-            unsafe { s.done(w) };
+            waiting = work.try_recv().ok();
+            if waiting.as_ref().and_then(|f| windows.find(f.first_layer as usize)) != Some(w) {
+                // SAFETY: as above.
+                unsafe { s.done(w) };
+            }
         }
     }
 }
