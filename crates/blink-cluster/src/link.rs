@@ -61,7 +61,7 @@ impl Shim {
 
     /// A shim of `latency_ms` per hop and `mbps` megabits per second (0: unlimited).
     pub fn new(latency_ms: f64, mbps: f64) -> Result<Shim, String> {
-        if !(latency_ms >= 0.0 && latency_ms.is_finite()) || !(mbps >= 0.0 && mbps.is_finite()) {
+        if !(latency_ms >= 0.0 && latency_ms.is_finite() && mbps >= 0.0 && mbps.is_finite()) {
             return Err(format!("a link shim needs a latency and a rate of at least 0, not {latency_ms} ms and {mbps} Mbit/s"));
         }
         Ok(Shim { latency: Duration::from_secs_f64(latency_ms / 1e3), bytes_per_s: (mbps > 0.0).then_some(mbps * 1e6 / 8.0) })

@@ -91,12 +91,12 @@ impl Streamer {
         let mut s = Streamer { file, model, windows: windows.to_vec(), filled: vec![false; n], kept: vec![false; n], force };
         let bytes: Vec<u64> = (0..n).map(|w| s.bytes(w) as u64).collect();
         let mut room = budget.saturating_sub(bytes.iter().copied().max().unwrap_or(0));
-        for w in 0..n.saturating_sub(1) {
-            if bytes[w] > room {
+        for (kept, &b) in s.kept.iter_mut().zip(&bytes).take(n.saturating_sub(1)) {
+            if b > room {
                 break;
             }
-            room -= bytes[w];
-            s.kept[w] = true;
+            room -= b;
+            *kept = true;
         }
         s
     }

@@ -14,8 +14,8 @@
 //!   Σ_{e≠d} w_e·t_e)`;
 //! - **head**: the head's own work (embedding, output head, sampling), a constant.
 //!
-//! A device must hold its KV cache and at least the window it is computing: `w_d · (k·kv
-//! + layer) ≤ B_d`. The rounds `k` divide the layers (every round has the same windows).
+//! A device must hold its KV cache and at least the window it is computing:
+//! `w_d · (k·kv + layer) ≤ B_d`. The rounds `k` divide the layers (every round has the same windows).
 //! [`milp`] solves this as a mixed-integer program for each `k`; [`search`] by trying
 //! every split, which the tests hold the program to.
 
@@ -185,7 +185,7 @@ impl Cluster {
 
     /// The rounds to consider: the divisors of the layers up to `max_rounds`.
     pub fn round_choices(&self) -> Vec<usize> {
-        (1..=self.max_rounds.max(1).min(self.model.n_layers)).filter(|k| self.model.n_layers % k == 0).collect()
+        (1..=self.max_rounds.max(1).min(self.model.n_layers)).filter(|&k| self.model.n_layers.is_multiple_of(k)).collect()
     }
 
     fn hop(&self, d: usize) -> f64 {
