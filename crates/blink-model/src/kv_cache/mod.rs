@@ -170,6 +170,16 @@ pub struct KvCache {
     shards: Vec<KvShard>,
 }
 
+/// Copy the first `slots` positions of block `src` into block `dst` in every shard.
+fn copy_in_shards(shards: &mut [KvShard], src: u32, dst: u32, slots: usize) {
+    for shard in shards {
+        match &mut shard.data {
+            KvData::F16(s) => s.copy_slots(&shard.layout, src, dst, slots),
+            KvData::F32(s) => s.copy_slots(&shard.layout, src, dst, slots),
+        }
+    }
+}
+
 impl std::ops::Deref for KvCache {
     type Target = KvBlocks;
     fn deref(&self) -> &KvBlocks {
@@ -241,12 +251,7 @@ impl KvCache {
             return;
         }
         for c in self.blocks.pending_copies() {
-            for shard in &mut self.shards {
-                match &mut shard.data {
-                    KvData::F16(s) => s.copy_slots(&shard.layout, c.src, c.dst, c.slots),
-                    KvData::F32(s) => s.copy_slots(&shard.layout, c.src, c.dst, c.slots),
-                }
-            }
+            copy_in_shards(&mut self.shards, c.src, c.dst, c.slots);
         }
         self.blocks.copies_done();
     }
@@ -261,13 +266,7 @@ impl KvCache {
                 return Err(KvError::NoSuchBlock { block, n_blocks });
             }
         }
-        let slots = slots.min(BLOCK_TOKENS);
-        for shard in &mut self.shards {
-            match &mut shard.data {
-                KvData::F16(s) => s.copy_slots(&shard.layout, src, dst, slots),
-                KvData::F32(s) => s.copy_slots(&shard.layout, src, dst, slots),
-            }
-        }
+        copy_in_shards(&mut self.shards, src, dst, slots.min(BLOCK_TOKENS));
         Ok(())
     }
 
