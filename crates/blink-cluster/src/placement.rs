@@ -168,11 +168,11 @@ mod tests {
             match ring.without(&down) {
                 Some(less) => {
                     prop_assert_eq!(less.n_layers(), ring.n_layers());
-                    for d in 0..windows.len() {
-                        if down.contains(&d) || windows[d] == 0 {
-                            prop_assert_eq!(less.windows()[d], 0);
+                    for (d, (&w, &now)) in windows.iter().zip(less.windows()).enumerate() {
+                        if down.contains(&d) || w == 0 {
+                            prop_assert_eq!(now, 0);
                         } else {
-                            prop_assert!(less.windows()[d] >= windows[d]);
+                            prop_assert!(now >= w);
                         }
                     }
                 }

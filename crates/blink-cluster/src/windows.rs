@@ -16,7 +16,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use blink_model::kv_cache::{SeqId, BLOCK_TOKENS};
-use blink_model::{KvCache, Model, Scratch, Step, StepInput, StepOutput, StepRow};
+use blink_model::lora::LoraMix;
+use blink_model::{AdapterSlot, KvCache, Model, Scratch, Step, StepInput, StepOutput, StepRow};
 use blink_engine::RunnerConfig;
 use blink_runtime::numa::NodePool;
 
@@ -124,9 +125,10 @@ impl Windows {
         self.windows.iter().position(|w| w.layers.start == first && !w.layers.is_empty())
     }
 
-    /// Run window `index` over `rows` (their `seq` the head's numbers), from `input` to
-    /// `output`. Returns the window's layers.
-    pub fn step(&mut self, index: usize, rows: impl Iterator<Item = StepRow>, input: StepInput, output: StepOutput) -> Result<Range<usize>, String> {
+    /// Run window `index` over `rows` (their `seq` the head's numbers, their adapter slots
+    /// indexing `adapters`), from `input` to `output`. Returns the window's layers.
+    pub fn step(&mut self, index: usize, rows: impl Iterator<Item = StepRow>, io: (StepInput, StepOutput), adapters: &[Arc<LoraMix>]) -> Result<Range<usize>, String> {
+        let (input, output) = io;
         let w = &mut self.windows[index];
         self.rows.clear();
         let mut last = None;
@@ -148,14 +150,15 @@ impl Windows {
             last = Some(ring_seq);
             self.rows.push(StepRow { seq: local.id, ..r });
         }
-        let step = Step { rows: &self.rows, layers: w.layers.clone(), input, output, adapters: &[] };
+        let step = Step { rows: &self.rows, layers: w.layers.clone(), input, output, adapters };
         self.model.step(&self.pool, &mut w.kv, &step, &mut self.scratch).map_err(|e| e.to_string())?;
         Ok(w.layers.clone())
     }
 
     /// Run the window a travelling step enters, replacing its hidden states with the
-    /// window's and moving it on to the window's end. Returns the window's index.
-    pub fn run_frame(&mut self, frame: &mut StepFrame) -> Result<usize, String> {
+    /// window's and moving it on to the window's end; `adapters` are the frame's mixes.
+    /// Returns the window's index.
+    pub fn run_frame(&mut self, frame: &mut StepFrame, adapters: &[Arc<LoraMix>]) -> Result<usize, String> {
         let n_embd = self.model.cfg.n_embd;
         if frame.hidden.len() != frame.rows.len() * n_embd {
             return Err(format!("{} hidden values for {} rows of {n_embd}", frame.hidden.len(), frame.rows.len()));
@@ -165,8 +168,8 @@ impl Windows {
         }
         let first = frame.first_layer as usize;
         let index = self.find(first).ok_or_else(|| format!("no window of this device starts at layer {first}"))?;
-        let rows = frame.rows.iter().map(|r| StepRow::hidden(r.pos as usize, r.seq as SeqId, r.kind));
-        let layers = self.step(index, rows, StepInput::Hidden(&frame.hidden), StepOutput::Hidden)?;
+        let rows = frame.rows.iter().map(|r| StepRow::hidden(r.pos as usize, r.seq as SeqId, r.kind).with_adapter(r.adapter.map(AdapterSlot)));
+        let layers = self.step(index, rows, (StepInput::Hidden(&frame.hidden), StepOutput::Hidden), adapters)?;
         // The output has the input's size: overwrite it in place.
         for (i, out) in frame.hidden.chunks_exact_mut(n_embd).enumerate() {
             out.copy_from_slice(self.scratch.hidden(i));

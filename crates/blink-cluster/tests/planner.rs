@@ -58,7 +58,7 @@ fn cluster(rng: &mut Rng) -> Cluster {
             link: link(rng),
         })
         .collect();
-    let head = if rng.next() % 2 == 0 { Some(0) } else { None };
+    let head = if rng.next().is_multiple_of(2) { Some(0) } else { None };
     let mut c = Cluster { model, devices, head, head_link: link(rng), head_s: rng.range(0.0, 5e-3), max_rounds: 4 };
     if let Some(h) = c.head {
         c.devices[h].memory += c.model.head_bytes;

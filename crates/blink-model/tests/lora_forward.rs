@@ -293,3 +293,40 @@ fn adapters_are_held_as_f16_and_values_past_its_range_are_refused() {
         other => panic!("a weight of -1e5 gave {:?}", other.map(|_| "a placed adapter")),
     }
 }
+
+/// A placed adapter gives back its pairs as read, rounded to f16 (what a ring's head sends
+/// its devices), from a flat model and from one split over two nodes alike; placed again,
+/// they give the same weights.
+#[test]
+fn a_placed_adapter_gives_back_its_pairs() {
+    use blink_model::lora::{read, LoraTarget, LoraTensors};
+    let flat = Model::from_gguf(file()).unwrap();
+    let split = Model::from_gguf_placed(file(), &TensorPlacement::tensor_parallel(Topology::simulated(2), 2)).unwrap();
+    let tensors = read(&golden().join("adapter-r8"), &flat.cfg).unwrap();
+    let rounded = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect::<Vec<_>>();
+    for model in [&flat, &split] {
+        let placed = model.place_lora(&tensors).unwrap();
+        let back = LoraTensors { layers: (0..model.cfg.n_layers).map(|l| placed.pairs(&model.cfg, l)).collect(), ..tensors.clone() };
+        for (l, layer) in tensors.layers.iter().enumerate() {
+            for t in LoraTarget::ALL {
+                match (&layer[t.index()], &back.layers[l][t.index()]) {
+                    (None, None) => {}
+                    (Some(p), Some(q)) => {
+                        assert_eq!((p.rank, p.rows, p.cols), (q.rank, q.rows, q.cols), "layer {l} {t:?}");
+                        assert!(rounded(&p.a) == q.a && rounded(&p.b) == q.b, "layer {l} {t:?}: the pair given back is not the pair read");
+                    }
+                    _ => panic!("layer {l} {t:?}: a pair given back where none was read, or none where one was"),
+                }
+            }
+        }
+        let again = model.place_lora(&back).unwrap();
+        for l in 0..model.cfg.n_layers {
+            for part in 0..model.split.parts.len() {
+                for t in LoraTarget::ALL {
+                    let bits = |p: Option<&blink_model::lora::PlacedPair>| p.map(|p| (p.a.iter().chain(p.bt.iter()).map(|v| v.to_bits()).collect::<Vec<_>>(), p.scale));
+                    assert!(bits(placed.pair(part, l, t)) == bits(again.pair(part, l, t)), "layer {l} part {part} {t:?}: placed again, the weights differ");
+                }
+            }
+        }
+    }
+}

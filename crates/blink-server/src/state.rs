@@ -256,8 +256,8 @@ impl Ready {
         };
         let engine = match &opts.ring {
             Some(ring) => {
-                if coserve.is_some() || !opts.adapters.preload.is_empty() {
-                    return Err("adapters and fine-tuning jobs are not served on a ring yet".into());
+                if coserve.is_some() {
+                    return Err("fine-tuning jobs do not run on a ring yet: drop --state-dir (or the jobs API) with --cluster".into());
                 }
                 let remote = (ring.connect)(model.clone(), &cfg)?;
                 Engine::start_remote(model.clone(), eog, cfg, remote, ring.in_flight).map_err(|e| e.to_string())?

@@ -94,7 +94,7 @@ fn units_of_any_size_end_where_the_whole_run_ends() {
         let asked = std::cell::Cell::new(0usize);
         let stop = || {
             asked.set(asked.get() + 1);
-            stop_every.is_some_and(|n| asked.get() % n == 0)
+            stop_every.is_some_and(|n| asked.get().is_multiple_of(n))
         };
         loop {
             let left = match run.next_unit().unwrap() {

@@ -2,7 +2,9 @@
 //! text equal to one process's on every golden prompt (rings of 2, 3 and 4 processes,
 //! one and two rounds, with and without a window on the head), and failures refused or
 //! reported by name: a wrong token, another model file, garbage on the socket, a device
-//! that is down, and a node killed or stopped in the middle of a generation.
+//! that is down, and a node killed or stopped in the middle of a generation. `serve
+//! --cluster` answers as one process's server does: batched, with steps in flight, from
+//! the prefix cache, and with LoRA adapters (loaded at start and at run time).
 
 mod support;
 
@@ -231,13 +233,13 @@ fn failures_are_refused_or_reported_by_name() {
     for how in ["kill", "stop"] {
         let mut victim = Node::start(&token, &model);
         let ring = cluster(&dir, "victim.toml", &token, Some(10), &[(&good, 10), (&victim, 10)], 1);
-        let head = Command::new(env!("CARGO_BIN_EXE_blink"))
+        let mut head = Command::new(env!("CARGO_BIN_EXE_blink"))
             .args(["run", "-m", model.to_str().unwrap(), "--raw", "--temp", "0", "-n", "4000", "--ignore-eos", "-c", "4096", "-t", "1", "-p", "Hi", "--cluster", ring.to_str().unwrap()])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut head_out = head.stdout.unwrap();
+        let mut head_out = head.stdout.take().unwrap();
         // Once text flows, the ring is running.
         let mut first = [0u8; 16];
         head_out.read_exact(&mut first).unwrap();
@@ -250,7 +252,8 @@ fn failures_are_refused_or_reported_by_name() {
         head_out.read_to_end(&mut rest).unwrap();
         let waited = struck.elapsed();
         let mut err = String::new();
-        head.stderr.unwrap().read_to_string(&mut err).unwrap();
+        head.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let _ = head.wait();
         assert!(waited < Duration::from_secs(2), "{how}: the head took {waited:?} to notice");
         assert!(err.contains(&format!("lost device 3 at {}", victim.addr)), "{how}: {err}");
         if how == "stop" {
@@ -322,15 +325,28 @@ impl Serve {
 
     /// The completion of `prompt` (greedy) and the prompt tokens the server found cached.
     fn complete_cached(&self, prompt: &str, max_tokens: usize) -> Result<(String, u64), String> {
+        self.complete_as("", prompt, max_tokens)
+    }
+
+    /// The completion of `prompt` (greedy) by `model` (an adapter's name, or "": the base
+    /// model), and the prompt tokens the server found cached.
+    fn complete_as(&self, model: &str, prompt: &str, max_tokens: usize) -> Result<(String, u64), String> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let client = blink_server::client::Client::new(&self.url).unwrap();
-        let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true});
+        let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true});
         let r = rt.block_on(client.post_json("/v1/completions", &body)).map_err(|e| e.to_string())?;
         let v: serde_json::Value = r.json().map_err(|e| e.to_string())?;
         match v["choices"][0]["text"].as_str() {
             Some(t) if r.status == 200 => Ok((t.to_string(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))),
             _ => Err(v["error"]["message"].as_str().unwrap_or("no message").to_string()),
         }
+    }
+
+    /// POST `body` to `path`; its status.
+    fn post(&self, path: &str, body: serde_json::Value) -> u16 {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let client = blink_server::client::Client::new(&self.url).unwrap();
+        rt.block_on(client.post_json(path, &body)).unwrap().status
     }
 }
 
@@ -482,5 +498,69 @@ fn profile_measures_the_link_to_a_node() {
     // A hop costs its latency and a little software; the rate is the shim's, give or take.
     assert!((0.005..0.05).contains(&latency), "latency {latency} s");
     assert!((5e6..15e6).contains(&rate), "rate {rate} B/s (80 Mbit/s is 1e7)");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// LoRA adapters on a ring: `run --cluster` with adapters gives one process's text, and a
+/// server on a ring answers requests of several adapters and of the base model at once as
+/// one process does, with adapters loaded and unloaded at run time (the devices are sent
+/// each one before its first step, and let go of it once unloaded and unused).
+#[test]
+fn adapters_on_a_ring() {
+    let model = model_path();
+    let lora = repo_root().join("testdata/golden/lora");
+    let (r8, qv) = (lora.join("adapter-r8"), lora.join("adapter-r4-qv"));
+    let dir = temp_dir("lora");
+    let token = write_token(&dir, "ring.token", "a token shared by the whole ring\n");
+    let (a, b) = (Node::start(&token, &model), Node::start(&token, &model));
+    let file = cluster(&dir, "lora.toml", &token, Some(5), &[(&a, 5), (&b, 5)], 2);
+    let run = |cluster: Option<&Path>, extra: &[&str]| {
+        let mut args = vec!["run", "-m", model.to_str().unwrap(), "--temp", "0", "-n", "16", "-t", "1", "-p", "Once upon a time"];
+        args.extend(extra);
+        if let Some(c) = cluster {
+            args.extend(["--cluster", c.to_str().unwrap()]);
+        }
+        let out = blink(&args);
+        ok(&out);
+        stdout(&out)
+    };
+    let base = run(None, &[]);
+    for extra in [vec!["--lora", r8.to_str().unwrap()], vec!["--lora", r8.to_str().unwrap(), "--lora-scaled", qv.to_str().unwrap(), "0.5"]] {
+        let alone = run(None, &extra);
+        assert_ne!(alone, base, "the adapters {extra:?} change this completion");
+        assert_eq!(run(Some(&file), &extra), alone, "a ring with {extra:?}");
+    }
+
+    let r8_arg = format!("r8={}", r8.display());
+    let args = ["--lora", r8_arg.as_str(), "--lora-dir", lora.to_str().unwrap()];
+    let alone = Serve::start_with(&model, None, &args);
+    let ring = Serve::start_with(&model, Some(&file), &[&args[..], &["--in-flight", "2"]].concat());
+    let asks = [("", "Once upon a time"), ("r8", "Once upon a time"), ("r8", "Tell me a story."), ("", "Tell me a story."), ("r8", "Count to 3:")];
+    let together = |server: &Serve, asks: &[(&str, &str)]| -> Vec<String> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = asks.iter().map(|&(m, p)| s.spawn(move || server.complete_as(m, p, 16))).collect();
+            handles.into_iter().map(|h| h.join().unwrap().map(|(t, _)| t).unwrap_or_else(|e| panic!("{e}\n{}", server.log()))).collect()
+        })
+    };
+    let want: Vec<String> = asks.iter().map(|&(m, p)| alone.complete_as(m, p, 16).unwrap().0).collect();
+    assert_ne!(want[0], want[1], "the adapter changes the completion");
+    assert_eq!(together(&ring, &asks), want, "the base model and an adapter at once");
+    // An adapter loaded at run time, in a batch with the others.
+    for server in [&alone, &ring] {
+        assert_eq!(server.post("/v1/load_lora_adapter", serde_json::json!({"lora_name": "qv", "lora_path": "adapter-r4-qv"})), 200);
+    }
+    let asks = [("qv", "Once upon a time"), ("r8", "Once upon a time"), ("", "Once upon a time")];
+    let want: Vec<String> = asks.iter().map(|&(m, p)| alone.complete_as(m, p, 16).unwrap().0).collect();
+    assert_ne!(want[0], want[2], "the second adapter changes the completion");
+    assert_eq!(together(&ring, &asks), want, "an adapter loaded at run time");
+    // Unloaded and unused, it is let go on the devices with the next step.
+    assert_eq!(ring.post("/v1/unload_lora_adapter", serde_json::json!({"lora_name": "qv"})), 200);
+    assert_eq!(ring.complete_as("r8", "Once upon a time", 4).unwrap().0, alone.complete_as("r8", "Once upon a time", 4).unwrap().0);
+    let started = Instant::now();
+    while !(a.log().contains("let go of adapter") && b.log().contains("let go of adapter")) {
+        assert!(started.elapsed() < Duration::from_secs(5), "the devices kept the unloaded adapter:\n{}\n{}", a.log(), b.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(a.log().matches("let go of adapter").count(), 1, "only the unloaded adapter is let go:\n{}", a.log());
     let _ = std::fs::remove_dir_all(&dir);
 }

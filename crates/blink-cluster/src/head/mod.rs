@@ -10,6 +10,11 @@
 //! sequence) ride on the next step and are applied by each device as the step enters
 //! its first window, so they reach every device in order with the steps.
 //!
+//! Rows may run with LoRA adapters: before the first step that uses one, the head sends
+//! every device the adapter's pairs on its layers and waits until each has placed it;
+//! once no step holds it any more (unloaded by the server, its requests done), the
+//! devices are told to let it go.
+//!
 //! Several steps of different sequences may be in flight at once ([`RingHead::submit`],
 //! [`RingHead::wait`]), so that every device has work while a token travels. The head
 //! pings every device; one silent for [`SILENCE`] (stopped, cut off, dead) fails the
@@ -21,14 +26,16 @@
 mod connect;
 mod rejoin;
 
-use std::collections::HashMap;
+mod adapters;
+
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::Duration;
 
 use blink_engine::serve::{RemoteHealth, RemoteSteps, TableSync};
 use blink_engine::{EngineError, Steps};
-use blink_model::lora::LoraMix;
+use blink_model::lora::{LoraAdapter, LoraMix};
 use blink_model::{Matrices, Model, Scratch, SeqId, StepInput, StepOutput, StepRow};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::UnboundedSender;
@@ -37,7 +44,7 @@ use crate::auth::Token;
 use crate::link::Shim;
 use crate::placement::Ring;
 use crate::stream::{Budget, Streamer};
-use crate::wire::{CacheOp, Message, StepFrame, WireRow};
+use crate::wire::{CacheOp, Message, MixPart, StepFrame, WireRow};
 use crate::windows::Windows;
 use blink_engine::RunnerConfig;
 
@@ -121,6 +128,13 @@ impl Health {
     }
 }
 
+/// A step sent round the ring and not yet back: its rows, and the adapter mixes they run
+/// with (held until it lands, so the devices keep them).
+struct InFlight {
+    rows: Vec<StepRow>,
+    adapters: Vec<Arc<LoraMix>>,
+}
+
 /// The head of a running ring.
 pub struct RingHead {
     /// Runs the connections' tasks.
@@ -139,8 +153,12 @@ pub struct RingHead {
     next_id: u64,
     next_seq: u32,
     ops: Vec<CacheOp>,
-    /// The rows of each step in flight, for its exit.
-    in_flight: HashMap<u64, Vec<StepRow>>,
+    /// Each step in flight, for its exit.
+    in_flight: HashMap<u64, InFlight>,
+    /// Frames that came in while the head waited for the devices to place adapters.
+    early: VecDeque<Event>,
+    /// The adapters the devices hold, by number.
+    shipped: HashMap<u64, Weak<LoraAdapter>>,
     /// A lost device's reason: steps fail with it until the ring is joined again.
     broken: Option<String>,
     /// When the head last tried to join the ring again.
@@ -192,6 +210,8 @@ impl RingHead {
             next_seq: 0,
             ops: Vec::new(),
             in_flight: HashMap::new(),
+            early: VecDeque::new(),
+            shipped: HashMap::new(),
             broken: None,
             last_rejoin: None,
             health,
@@ -205,11 +225,12 @@ impl RingHead {
         self.in_flight.len()
     }
 
-    /// Start a step of `rows` (their `seq` numbered by [`Steps::new_seq`]): the embedding
-    /// here, then on round the ring. Its result comes from [`RingHead::wait`].
-    pub fn submit(&mut self, rows: &[StepRow]) -> Result<u64, EngineError> {
+    /// Start a step of `rows` (their `seq` numbered by [`Steps::new_seq`], their adapter
+    /// slots indexing `adapters`): the embedding here, then on round the ring. Its result
+    /// comes from [`RingHead::wait`].
+    pub fn submit(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<u64, EngineError> {
         self.check()?;
-        self.submit_inner(rows).map_err(|e| self.break_with(e))
+        self.submit_inner(rows, adapters).map_err(|e| self.break_with(e))
     }
 
     /// Wait for a step in flight to come back and run its exit; returns its number, its
@@ -233,15 +254,19 @@ impl RingHead {
         EngineError::Remote(reason)
     }
 
-    fn submit_inner(&mut self, rows: &[StepRow]) -> Result<u64, String> {
+    fn submit_inner(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<u64, String> {
+        self.drop_unused_adapters();
+        self.ship_adapters(adapters)?;
         let ops = std::mem::take(&mut self.ops);
         self.windows.apply(&ops)?;
-        self.windows.step(ENTRY, rows.iter().copied(), StepInput::Tokens, StepOutput::Hidden)?;
+        self.windows.step(ENTRY, rows.iter().copied(), (StepInput::Tokens, StepOutput::Hidden), adapters)?;
         let id = self.next_id;
         self.next_id += 1;
-        let mut frame = StepFrame { id, first_layer: 0, ops, rows: rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind }).collect(), hidden: Vec::new() };
+        let mixes = adapters.iter().map(|m| m.adapters().iter().map(|(a, scale)| MixPart { adapter: a.id(), scale: *scale }).collect()).collect();
+        let rows_out = rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind, adapter: r.adapter.map(|s| s.0) }).collect();
+        let mut frame = StepFrame { id, first_layer: 0, ops, mixes, rows: rows_out, hidden: Vec::new() };
         self.windows.hidden_into(rows.len(), &mut frame.hidden);
-        self.in_flight.insert(id, rows.to_vec());
+        self.in_flight.insert(id, InFlight { rows: rows.to_vec(), adapters: adapters.to_vec() });
         let done = self.advance(frame)?;
         debug_assert!(done.is_none(), "a ring has a device besides the head");
         Ok(id)
@@ -249,7 +274,7 @@ impl RingHead {
 
     fn wait_inner(&mut self) -> Result<u64, String> {
         loop {
-            match self.events.recv() {
+            match self.early.pop_front().map_or_else(|| self.events.recv(), Ok) {
                 Ok(Event::Frame(Message::Step(f))) if self.in_flight.contains_key(&f.id) => {
                     if let Some(id) = self.advance(f)? {
                         return Ok(id);
@@ -284,13 +309,14 @@ impl RingHead {
                 // SAFETY: the head's steps run on this thread only, and none is running.
                 unsafe { s.ensure(w - OWN) };
             }
-            ran = Some(self.windows.run_frame(&mut frame)?);
+            let step = self.in_flight.get(&frame.id).expect("a step in flight");
+            ran = Some(self.windows.run_frame(&mut frame, &step.adapters)?);
         };
         self.stream_done(ran);
         let Some(frame) = at_exit else { return Ok(None) };
-        let rows = self.in_flight.remove(&frame.id).expect("a step in flight");
-        let exit = rows.iter().map(|r| StepRow { token: None, ..*r });
-        self.windows.step(EXIT, exit, StepInput::Hidden(&frame.hidden), StepOutput::Logits)?;
+        let step = self.in_flight.remove(&frame.id).expect("a step in flight");
+        let exit = step.rows.iter().map(|r| StepRow { token: None, ..*r });
+        self.windows.step(EXIT, exit, (StepInput::Hidden(&frame.hidden), StepOutput::Logits), &step.adapters)?;
         Ok(Some(frame.id))
     }
 
@@ -352,10 +378,7 @@ impl Steps for RingHead {
     }
 
     fn run_with(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<(), EngineError> {
-        if !adapters.is_empty() {
-            return Err(EngineError::BadParams("adapters are not served on a ring yet".into()));
-        }
-        let id = self.submit(rows)?;
+        let id = self.submit(rows, adapters)?;
         while self.wait()? != id {}
         Ok(())
     }
@@ -385,7 +408,7 @@ impl RemoteSteps for RingHead {
         Ok(self.joined != joined)
     }
 
-    fn start(&mut self, rows: &[StepRow], released: &[SeqId], sync: &[TableSync]) -> Result<u64, EngineError> {
+    fn start(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>], released: &[SeqId], sync: &[TableSync]) -> Result<u64, EngineError> {
         for &seq in released {
             self.release(seq);
         }
@@ -394,7 +417,7 @@ impl RemoteSteps for RingHead {
             TableSync::Block { seq, block } => CacheOp::Block { seq: seq as u32, block },
             TableSync::Copy { src, dst, slots } => CacheOp::Copy { src, dst, slots: slots as u32 },
         }));
-        self.submit(rows)
+        self.submit(rows, adapters)
     }
 
     fn finish_one(&mut self) -> Result<u64, EngineError> {

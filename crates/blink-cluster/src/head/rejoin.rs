@@ -106,6 +106,8 @@ impl RingHead {
         (self.senders, self.events) = (senders, events);
         self.spec = spec.clone();
         self.in_flight.clear();
+        self.early.clear();
+        self.shipped.clear();
         self.ops.clear();
         self.broken = None;
         self.health.set_whole();

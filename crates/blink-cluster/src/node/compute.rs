@@ -1,15 +1,33 @@
 //! A node's compute thread: steps in, each run over the window it enters, and out to
-//! whoever holds the next layer.
+//! whoever holds the next layer; and the head's adapters, placed between steps.
 
 use std::sync::mpsc::Receiver;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::adapters::NodeAdapters;
 use super::router::{Dest, Outgoing};
 use crate::placement::Ring;
 use crate::stream::Streamer;
 use crate::wire::{Message, StepFrame};
 use crate::windows::Windows;
+
+/// What the compute thread is given.
+pub enum Work {
+    Step(StepFrame),
+    /// An adapter's layer, its placement or its drop, from the head.
+    Adapter(Message),
+}
+
+impl Work {
+    /// The first layer of the step, if it is one.
+    fn step_layer(&self) -> Option<usize> {
+        match self {
+            Work::Step(f) => Some(f.first_layer as usize),
+            Work::Adapter(_) => None,
+        }
+    }
+}
 
 /// Where a node sits in its ring.
 pub struct Route {
@@ -36,18 +54,30 @@ impl Route {
 /// are given back once it has run (after its output is sent, for the last window a step
 /// runs here) and the next window is read ahead, unless a step already waiting (several
 /// in flight) enters the same window.
-pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, work: Receiver<StepFrame>, out: UnboundedSender<Outgoing>) {
+pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, work: Receiver<Work>, out: UnboundedSender<Outgoing>) {
     let first = windows.layers().next().map_or(0, |w| w.start);
     if let Some(s) = &mut streamer {
         // SAFETY: steps run on this thread only, and none is running.
         unsafe { s.start() };
     }
-    // A step taken from the queue early, to see which window it enters.
-    let mut waiting: Option<StepFrame> = None;
-    while let Some(mut frame) = waiting.take().or_else(|| work.recv().ok()) {
+    let mut adapters = NodeAdapters::default();
+    // Work taken from the queue early, to see which window a step enters.
+    let mut waiting: Option<Work> = None;
+    while let Some(item) = waiting.take().or_else(|| work.recv().ok()) {
+        let mut frame = match item {
+            Work::Step(frame) => frame,
+            Work::Adapter(m) => {
+                adapter_work(&mut adapters, &windows, m, &out);
+                continue;
+            }
+        };
         let id = frame.id;
         let mut ran = None;
         let result = loop {
+            let mixes = match adapters.mixes(&frame.mixes) {
+                Ok(m) => m,
+                Err(e) => break Err(e),
+            };
             if frame.first_layer as usize == first {
                 if let Err(e) = windows.apply(&frame.ops) {
                     break Err(e);
@@ -57,7 +87,7 @@ pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, w
                 // SAFETY: as above.
                 unsafe { s.ensure(w) };
             }
-            match windows.run_frame(&mut frame) {
+            match windows.run_frame(&mut frame, mixes) {
                 Ok(w) => ran = Some(w),
                 Err(e) => break Err(e),
             }
@@ -82,10 +112,37 @@ pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, w
         }
         if let (Some(s), Some(w)) = (&mut streamer, ran) {
             waiting = work.try_recv().ok();
-            if waiting.as_ref().and_then(|f| windows.find(f.first_layer as usize)) != Some(w) {
+            if waiting.as_ref().and_then(Work::step_layer).and_then(|l| windows.find(l)) != Some(w) {
                 // SAFETY: as above.
                 unsafe { s.done(w) };
             }
         }
+    }
+}
+
+/// An adapter's layer kept, an adapter placed (answering the head either way) or dropped.
+fn adapter_work(adapters: &mut NodeAdapters, windows: &Windows, m: Message, out: &UnboundedSender<Outgoing>) {
+    let model = windows.model();
+    match m {
+        Message::AdapterLayer(layer) => {
+            let id = layer.adapter;
+            if let Err(error) = adapters.receive(model, *layer) {
+                let _ = out.send(Outgoing::Send(Dest::Head, Message::AdapterPlaced { adapter: id, error }));
+            }
+        }
+        Message::AdapterPlace { adapter, alpha, rslora } => {
+            let error = adapters.place(model, adapter, alpha, rslora).err().unwrap_or_default();
+            if error.is_empty() {
+                eprintln!("blink node: placed adapter {adapter}");
+            } else {
+                eprintln!("blink node: {error}");
+            }
+            let _ = out.send(Outgoing::Send(Dest::Head, Message::AdapterPlaced { adapter, error }));
+        }
+        Message::AdapterDrop { adapter } => {
+            adapters.drop(adapter);
+            eprintln!("blink node: let go of adapter {adapter}");
+        }
+        m => eprintln!("blink node: {} is not adapter work; ignored", m.name()),
     }
 }

@@ -6,11 +6,13 @@
 //! copy of the file, loads its windows and answers `Ready`. Steps then arrive from the
 //! head (the first window of a round) or from the device before it, run on a compute
 //! thread of their own, and go on to the device holding the next layer, or back to the
-//! head after the last. A new head's assignment replaces the old one; a head that goes
+//! head after the last. The head's LoRA adapters come on its connection and are placed
+//! by the compute thread between steps. A new head's assignment replaces the old one; a head that goes
 //! away takes its assignment with it.
 //!
 //! Network reading and writing run on a tokio runtime; the compute thread only computes.
 
+mod adapters;
 mod compute;
 mod router;
 
@@ -31,6 +33,7 @@ use crate::stream::{Budget, Streamer};
 use crate::wire::{Assign, Message, Role, StepFrame};
 use crate::windows::Windows;
 use blink_engine::RunnerConfig;
+use compute::Work;
 use router::{Dest, Outgoing};
 
 /// How a node is started.
@@ -56,7 +59,7 @@ const ASSIGN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The current assignment: where steps go in, and which head it belongs to.
 struct Assigned {
     head_conn: u64,
-    work: mpsc::Sender<StepFrame>,
+    work: mpsc::Sender<Work>,
 }
 
 struct Node {
@@ -153,6 +156,10 @@ impl Node {
         loop {
             match r.read().await {
                 Ok(Message::Step(frame)) => self.submit(frame),
+                Ok(m @ (Message::AdapterLayer(_) | Message::AdapterPlace { .. } | Message::AdapterDrop { .. })) => {
+                    // With no assignment there is nothing to place it on (nor to ask for it).
+                    self.give(Work::Adapter(m));
+                }
                 Ok(Message::Ping { at }) => {
                     let _ = self.out.send(Outgoing::Send(Dest::Head, Message::Pong { at }));
                 }
@@ -200,15 +207,16 @@ impl Node {
     }
 
     fn submit(&self, frame: StepFrame) {
-        let assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
-        match assigned.as_ref() {
-            Some(a) => {
-                let _ = a.work.send(frame);
-            }
-            None => {
-                let _ = self.out.send(Outgoing::Send(Dest::Head, Message::Failed { id: frame.id, reason: "this node has no assignment".into() }));
-            }
+        let id = frame.id;
+        if !self.give(Work::Step(frame)) {
+            let _ = self.out.send(Outgoing::Send(Dest::Head, Message::Failed { id, reason: "this node has no assignment".into() }));
         }
+    }
+
+    /// Hand `work` to the compute thread of the current assignment; false if there is none.
+    fn give(&self, work: Work) -> bool {
+        let assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
+        assigned.as_ref().is_some_and(|a| a.work.send(work).is_ok())
     }
 
     /// Check an assignment and load its windows.

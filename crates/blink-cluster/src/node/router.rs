@@ -58,7 +58,7 @@ pub async fn run(mut rx: UnboundedReceiver<Outgoing>, token: Token, _out: Unboun
 
 async fn send_to_device(peers: &mut HashMap<usize, FrameWriter>, addrs: &[String], token: &Token, d: usize, msg: &Message) -> Result<(), String> {
     let addr = addrs.get(d).filter(|a| !a.is_empty()).ok_or_else(|| format!("the ring has no device {d} to pass a step to"))?;
-    if !peers.contains_key(&d) {
+    if let std::collections::hash_map::Entry::Vacant(slot) = peers.entry(d) {
         let (mut r, w) = link::connect(addr, token, Role::Peer, MAX_PAYLOAD).await.map_err(|e| format!("cannot reach device {d} at {addr}: {e}"))?;
         // Nothing comes back on a peer connection but a refusal or its end.
         let addr_owned = addr.clone();
@@ -69,7 +69,7 @@ async fn send_to_device(peers: &mut HashMap<usize, FrameWriter>, addrs: &[String
                 Err(e) => eprintln!("blink node: device at {addr_owned}: {e}"),
             }
         });
-        peers.insert(d, w);
+        slot.insert(w);
     }
     let w = peers.get_mut(&d).expect("connected above");
     w.send(msg).await.map_err(|e| format!("cannot pass a step to device {d} at {addr}: {e}"))

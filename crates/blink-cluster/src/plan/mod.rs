@@ -157,7 +157,7 @@ impl Cluster {
             return bad("the head's index is past the devices".into());
         }
         let link_ok = |l: &Link| l.latency_s.is_finite() && l.latency_s >= 0.0 && l.bytes_per_s.is_finite() && l.bytes_per_s > 0.0;
-        if !link_ok(&self.head_link) || !(self.head_s.is_finite() && self.head_s >= 0.0) {
+        if !(link_ok(&self.head_link) && self.head_s.is_finite() && self.head_s >= 0.0) {
             return bad("the head's link or time is not a usable figure".into());
         }
         for d in &self.devices {

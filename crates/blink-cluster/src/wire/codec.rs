@@ -27,6 +27,20 @@ impl Writer {
         self.buf.extend_from_slice(&v.to_le_bytes());
     }
 
+    pub fn f32(&mut self, v: f32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+
+    /// A count (u32) and then the values as f16 (rounded to nearest; exact for values
+    /// that are f16's).
+    pub fn f16s(&mut self, v: &[f32]) {
+        self.u32(v.len() as u32);
+        self.buf.reserve(v.len() * 2);
+        for &x in v {
+            self.buf.extend_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes());
+        }
+    }
+
     pub fn bytes32(&mut self, v: &[u8; 32]) {
         self.buf.extend_from_slice(v);
     }
@@ -79,6 +93,17 @@ impl<'a> Reader<'a> {
 
     pub fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.take(8, what)?.try_into().expect("eight bytes")))
+    }
+
+    pub fn f32(&mut self, what: &'static str) -> Result<f32, WireError> {
+        Ok(f32::from_bits(self.u32(what)?))
+    }
+
+    /// Values written by [`Writer::f16s`], widened to f32.
+    pub fn f16s(&mut self, what: &'static str) -> Result<Vec<f32>, WireError> {
+        let n = self.count(2, what)?;
+        let s = self.take(n * 2, what)?;
+        Ok(s.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect())
     }
 
     pub fn bytes32(&mut self, what: &'static str) -> Result<[u8; 32], WireError> {

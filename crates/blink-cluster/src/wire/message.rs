@@ -5,7 +5,13 @@
 //! node answers with `Ready` once its windows are loaded, or `Refused`. After that, steps
 //! go round the ring as `Step` frames, a node reports a step it could not run with
 //! `Failed`, and `Ping`/`Pong` show a quiet peer is alive.
+//!
+//! Before a step that uses a LoRA adapter a device has not seen, the head sends it the
+//! adapter's pairs on its layers (`AdapterLayer`, one frame per layer), then
+//! `AdapterPlace`; the device answers `AdapterPlaced`. `AdapterDrop` lets it go once no
+//! step uses it.
 
+use blink_model::lora::{LoraPair, LoraTarget};
 use blink_model::RowKind;
 
 use super::codec::{Reader, Writer};
@@ -74,6 +80,25 @@ pub struct WireRow {
     pub seq: u32,
     pub pos: u32,
     pub kind: RowKind,
+    /// Its adapter mix: an index into the step's `mixes` (`None`: the base model).
+    pub adapter: Option<u16>,
+}
+
+/// One adapter in a step's mix: the head's number for it and its user scale.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MixPart {
+    pub adapter: u64,
+    pub scale: f32,
+}
+
+/// An adapter's pairs on one layer, sent to a device holding it. The values are f16's
+/// (as placed on the head), sent in two bytes each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdapterLayer {
+    pub adapter: u64,
+    pub layer: u32,
+    /// By [`LoraTarget::index`].
+    pub pairs: [Option<LoraPair>; 7],
 }
 
 /// A step on its way round the ring: its rows' hidden states entering layer
@@ -84,6 +109,8 @@ pub struct StepFrame {
     pub id: u64,
     pub first_layer: u32,
     pub ops: Vec<CacheOp>,
+    /// The adapter mixes the rows' `adapter` indexes.
+    pub mixes: Vec<Vec<MixPart>>,
     pub rows: Vec<WireRow>,
     /// `rows × n_embd` values.
     pub hidden: Vec<f32>,
@@ -101,6 +128,13 @@ pub enum Message {
     Failed { id: u64, reason: String },
     Ping { at: u64 },
     Pong { at: u64 },
+    /// Boxed: a layer's pairs are large beside every other message.
+    AdapterLayer(Box<AdapterLayer>),
+    /// Place the adapter whose layers were sent, with its `alpha` (rsLoRA or not).
+    AdapterPlace { adapter: u64, alpha: f32, rslora: bool },
+    /// The adapter is placed (`error` empty), or why not.
+    AdapterPlaced { adapter: u64, error: String },
+    AdapterDrop { adapter: u64 },
 }
 
 const HELLO: u8 = 1;
@@ -113,9 +147,13 @@ const STEP: u8 = 7;
 const FAILED: u8 = 8;
 const PING: u8 = 9;
 const PONG: u8 = 10;
+const ADAPTER_LAYER: u8 = 11;
+const ADAPTER_PLACE: u8 = 12;
+const ADAPTER_PLACED: u8 = 13;
+const ADAPTER_DROP: u8 = 14;
 
 pub(super) fn known_kind(kind: u8) -> bool {
-    (HELLO..=PONG).contains(&kind)
+    (HELLO..=ADAPTER_DROP).contains(&kind)
 }
 
 fn kind_byte(k: RowKind) -> u8 {
@@ -148,6 +186,10 @@ impl Message {
             Message::Failed { .. } => FAILED,
             Message::Ping { .. } => PING,
             Message::Pong { .. } => PONG,
+            Message::AdapterLayer(_) => ADAPTER_LAYER,
+            Message::AdapterPlace { .. } => ADAPTER_PLACE,
+            Message::AdapterPlaced { .. } => ADAPTER_PLACED,
+            Message::AdapterDrop { .. } => ADAPTER_DROP,
         }
     }
 
@@ -164,6 +206,10 @@ impl Message {
             Message::Failed { .. } => "failed",
             Message::Ping { .. } => "ping",
             Message::Pong { .. } => "pong",
+            Message::AdapterLayer(_) => "adapter layer",
+            Message::AdapterPlace { .. } => "adapter placement",
+            Message::AdapterPlaced { .. } => "adapter placed",
+            Message::AdapterDrop { .. } => "adapter drop",
         }
     }
 
@@ -238,11 +284,20 @@ impl Message {
                         }
                     }
                 }
+                w.u32(s.mixes.len() as u32);
+                for mix in &s.mixes {
+                    w.u32(mix.len() as u32);
+                    for part in mix {
+                        w.u64(part.adapter);
+                        w.f32(part.scale);
+                    }
+                }
                 w.u32(s.rows.len() as u32);
                 for r in &s.rows {
                     w.u32(r.seq);
                     w.u32(r.pos);
                     w.u8(kind_byte(r.kind));
+                    w.u16(r.adapter.unwrap_or(u16::MAX));
                 }
                 w.f32s(&s.hidden);
             }
@@ -251,6 +306,31 @@ impl Message {
                 w.str(reason);
             }
             Message::Ping { at } | Message::Pong { at } => w.u64(*at),
+            Message::AdapterLayer(a) => {
+                w.u64(a.adapter);
+                w.u32(a.layer);
+                w.u32(a.pairs.iter().flatten().count() as u32);
+                for (target, pair) in LoraTarget::ALL.iter().zip(&a.pairs) {
+                    if let Some(p) = pair {
+                        w.u8(target.index() as u8);
+                        w.u32(p.rank as u32);
+                        w.u32(p.rows as u32);
+                        w.u32(p.cols as u32);
+                        w.f16s(&p.a);
+                        w.f16s(&p.b);
+                    }
+                }
+            }
+            Message::AdapterPlace { adapter, alpha, rslora } => {
+                w.u64(*adapter);
+                w.f32(*alpha);
+                w.u8(u8::from(*rslora));
+            }
+            Message::AdapterPlaced { adapter, error } => {
+                w.u64(*adapter);
+                w.str(error);
+            }
+            Message::AdapterDrop { adapter } => w.u64(*adapter),
         }
     }
 
@@ -308,24 +388,69 @@ impl Message {
                         b => return Err(WireError::Invalid(format!("cache command {b}"))),
                     });
                 }
-                let n = r.count(9, "rows")?;
+                let n = r.count(4, "adapter mixes")?;
+                let mut mixes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let parts = r.count(12, "adapter mixes")?;
+                    let mix = (0..parts).map(|_| Ok(MixPart { adapter: r.u64("adapter mixes")?, scale: r.f32("adapter mixes")? })).collect::<Result<Vec<_>, WireError>>()?;
+                    mixes.push(mix);
+                }
+                let n = r.count(11, "rows")?;
                 let mut rows = Vec::with_capacity(n);
                 for _ in 0..n {
-                    rows.push(WireRow { seq: r.u32("rows")?, pos: r.u32("rows")?, kind: row_kind(r.u8("rows")?)? });
+                    let (seq, pos, kind) = (r.u32("rows")?, r.u32("rows")?, row_kind(r.u8("rows")?)?);
+                    let adapter = Some(r.u16("rows")?).filter(|&a| a != u16::MAX);
+                    if adapter.is_some_and(|a| a as usize >= mixes.len()) {
+                        return Err(WireError::Invalid(format!("a row of adapter mix {} in a step of {}", adapter.unwrap_or(0), mixes.len())));
+                    }
+                    rows.push(WireRow { seq, pos, kind, adapter });
                 }
                 let mut hidden = Vec::new();
                 r.f32s_into(&mut hidden, "hidden states")?;
                 if !rows.is_empty() && hidden.len() % rows.len() != 0 {
                     return Err(WireError::Invalid(format!("{} hidden values for {} rows", hidden.len(), rows.len())));
                 }
-                Message::Step(StepFrame { id, first_layer, ops, rows, hidden })
+                Message::Step(StepFrame { id, first_layer, ops, mixes, rows, hidden })
             }
             FAILED => Message::Failed { id: r.u64("failure")?, reason: r.str("failure")? },
             PING => Message::Ping { at: r.u64("ping")? },
             PONG => Message::Pong { at: r.u64("pong")? },
+            ADAPTER_LAYER => Message::AdapterLayer(Box::new(read_adapter_layer(&mut r)?)),
+            ADAPTER_PLACE => {
+                let (adapter, alpha) = (r.u64("adapter placement")?, r.f32("adapter placement")?);
+                let rslora = match r.u8("adapter placement")? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(WireError::Invalid(format!("rsLoRA flag {b}"))),
+                };
+                Message::AdapterPlace { adapter, alpha, rslora }
+            }
+            ADAPTER_PLACED => Message::AdapterPlaced { adapter: r.u64("adapter placed")?, error: r.str("adapter placed")? },
+            ADAPTER_DROP => Message::AdapterDrop { adapter: r.u64("adapter drop")? },
             k => return Err(WireError::Kind(k)),
         };
         r.finish(msg.name())?;
         Ok(msg)
     }
+}
+
+/// An adapter's layer: each pair's target (once each), shapes and values, which must agree.
+fn read_adapter_layer(r: &mut Reader) -> Result<AdapterLayer, WireError> {
+    let what = "adapter layer";
+    let (adapter, layer) = (r.u64(what)?, r.u32(what)?);
+    let mut pairs: [Option<LoraPair>; 7] = Default::default();
+    // A pair takes at least 21 bytes: its target, shapes and two counts.
+    for _ in 0..r.count(21, what)? {
+        let target = r.u8(what)? as usize;
+        if target >= pairs.len() || pairs[target].is_some() {
+            return Err(WireError::Invalid(format!("adapter target {target} out of range or twice")));
+        }
+        let (rank, rows, cols) = (r.u32(what)? as usize, r.u32(what)? as usize, r.u32(what)? as usize);
+        let (a, b) = (r.f16s(what)?, r.f16s(what)?);
+        if Some(a.len()) != rank.checked_mul(cols) || Some(b.len()) != rank.checked_mul(rows) {
+            return Err(WireError::Invalid(format!("an adapter pair of rank {rank}, {rows} x {cols}, with {} and {} values", a.len(), b.len())));
+        }
+        pairs[target] = Some(LoraPair { rank, rows, cols, a, b });
+    }
+    Ok(AdapterLayer { adapter, layer, pairs })
 }

@@ -1,4 +1,5 @@
 use super::*;
+use blink_model::lora::LoraPair;
 use blink_model::RowKind;
 use proptest::prelude::*;
 
@@ -34,13 +35,36 @@ fn samples() -> Vec<Message> {
                 CacheOp::Block { seq: 5, block: 901 },
                 CacheOp::Copy { src: 7, dst: 901, slots: 9 },
             ],
-            rows: vec![WireRow { seq: 3, pos: 17, kind: RowKind::Decode }, WireRow { seq: 5, pos: 0, kind: RowKind::Prompt }],
-            hidden: vec![1.5, -0.0, f32::MIN_POSITIVE, 3.25, 1e30, -7.0],
+            mixes: vec![vec![MixPart { adapter: 7, scale: 1.0 }], vec![MixPart { adapter: 7, scale: 0.5 }, MixPart { adapter: u64::MAX, scale: -2.0 }]],
+            rows: vec![
+                WireRow { seq: 3, pos: 17, kind: RowKind::Decode, adapter: Some(1) },
+                WireRow { seq: 5, pos: 0, kind: RowKind::Prompt, adapter: None },
+                WireRow { seq: 6, pos: 2, kind: RowKind::Prompt, adapter: Some(0) },
+            ],
+            hidden: vec![1.5, -0.0, f32::MIN_POSITIVE, 3.25, 1e30, -7.0, 0.0, 1.0, 2.0],
         }),
         Message::Step(StepFrame::default()),
         Message::Failed { id: 12, reason: "context full".into() },
         Message::Ping { at: 99 },
         Message::Pong { at: 100 },
+        Message::AdapterLayer(Box::new(AdapterLayer {
+            adapter: 7,
+            layer: 29,
+            pairs: [
+                None,
+                Some(LoraPair { rank: 2, rows: 3, cols: 1, a: vec![0.5, -1.0], b: vec![65504.0, 0.0, -0.25, 1.0, 2.0, 6.1035156e-5] }),
+                None,
+                None,
+                None,
+                None,
+                Some(LoraPair { rank: 1, rows: 1, cols: 2, a: vec![3.0, 4.0], b: vec![-5.0] }),
+            ],
+        })),
+        Message::AdapterLayer(Box::new(AdapterLayer { adapter: 1, layer: 0, pairs: Default::default() })),
+        Message::AdapterPlace { adapter: 7, alpha: 16.0, rslora: true },
+        Message::AdapterPlaced { adapter: 7, error: String::new() },
+        Message::AdapterPlaced { adapter: 8, error: "no memory".into() },
+        Message::AdapterDrop { adapter: 7 },
     ]
 }
 
@@ -83,9 +107,9 @@ fn headers_name_what_is_wrong() {
     bad[0] = b'G';
     assert!(matches!(Header::parse(&header(&bad), MAX_PAYLOAD), Err(WireError::Magic(_))));
     let mut bad = buf.clone();
-    bad[4] = 2;
-    assert_eq!(Header::parse(&header(&bad), MAX_PAYLOAD), Err(WireError::Version { got: 2 }));
-    assert!(WireError::Version { got: 2 }.to_string().contains("version 2"));
+    bad[4] = 1;
+    assert_eq!(Header::parse(&header(&bad), MAX_PAYLOAD), Err(WireError::Version { got: 1 }));
+    assert!(WireError::Version { got: 1 }.to_string().contains("version 1"));
     let mut bad = buf.clone();
     bad[6] = 200;
     assert_eq!(Header::parse(&header(&bad), MAX_PAYLOAD), Err(WireError::Kind(200)));
@@ -103,20 +127,36 @@ fn a_count_larger_than_the_frame_allocates_nothing() {
     w.u64(1);
     w.u32(0);
     w.u32(0);
+    w.u32(0);
     w.u32(u32::MAX);
     let payload = w.buf;
     let h = Header { kind: 7, len: payload.len() };
     assert_eq!(decode(h, &payload), Err(WireError::Truncated("rows")));
 }
 
+#[test]
+fn adapters_on_the_wire_must_agree_with_themselves() {
+    let mut buf = Vec::new();
+    // A row naming a mix the step does not carry.
+    let step = StepFrame { rows: vec![WireRow { seq: 0, pos: 0, kind: RowKind::Decode, adapter: Some(0) }], hidden: vec![0.0], ..StepFrame::default() };
+    encode(&Message::Step(step), &mut buf);
+    assert!(matches!(roundtrip(&buf, MAX_PAYLOAD), Err(WireError::Invalid(e)) if e.contains("adapter mix 0")));
+    // A pair whose values do not fill its shape.
+    let pair = LoraPair { rank: 2, rows: 2, cols: 2, a: vec![1.0; 4], b: vec![1.0; 3] };
+    let mut pairs: [Option<LoraPair>; 7] = Default::default();
+    pairs[0] = Some(pair);
+    encode(&Message::AdapterLayer(Box::new(AdapterLayer { adapter: 1, layer: 0, pairs })), &mut buf);
+    assert!(matches!(roundtrip(&buf, MAX_PAYLOAD), Err(WireError::Invalid(e)) if e.contains("rank 2")));
+}
+
 proptest! {
     #[test]
-    fn garbage_is_an_error_never_a_panic(kind in 0u8..12, payload in proptest::collection::vec(any::<u8>(), 0..200)) {
+    fn garbage_is_an_error_never_a_panic(kind in 0u8..16, payload in proptest::collection::vec(any::<u8>(), 0..200)) {
         let _ = decode(Header { kind, len: payload.len() }, &payload);
     }
 
     #[test]
-    fn flipped_bytes_are_an_error_or_a_frame(which in 0usize..12, at in any::<prop::sample::Index>(), bit in 0u8..8) {
+    fn flipped_bytes_are_an_error_or_a_frame(which in 0usize..18, at in any::<prop::sample::Index>(), bit in 0u8..8) {
         let mut buf = Vec::new();
         encode(&samples()[which], &mut buf);
         let i = at.index(buf.len());

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blink_model::kv_cache::KvBlocks;
+use blink_model::lora::LoraMix;
 use blink_model::{KvCache, Model, Scratch, SeqId, StepRow};
 use blink_runtime::numa::NodePool;
 
@@ -47,9 +48,10 @@ pub trait RemoteSteps: Send {
     /// (nothing the devices hold is live), go back to the planned devices if they answer.
     /// Returns whether the devices' caches were emptied meanwhile (new devices joined).
     fn prepare(&mut self, may_change: bool) -> Result<bool, EngineError>;
-    /// Start a step of `rows`, after forgetting the sequences `released` on every device
-    /// and applying `sync` to their caches; returns the step's number.
-    fn start(&mut self, rows: &[StepRow], released: &[SeqId], sync: &[TableSync]) -> Result<u64, EngineError>;
+    /// Start a step of `rows` (their adapter slots indexing `adapters`), after forgetting
+    /// the sequences `released` on every device and applying `sync` to their caches;
+    /// returns the step's number.
+    fn start(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>], released: &[SeqId], sync: &[TableSync]) -> Result<u64, EngineError>;
     /// Wait for a step in flight to come back and return its number; the logits of its
     /// rows that asked for them are then in [`RemoteSteps::scratch`] (until the next
     /// call). An error fails every step in flight.
@@ -66,6 +68,8 @@ pub trait RemoteSteps: Send {
 pub type RemoteHealth = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// Runs plans on the model's pool, cache and buffers, or on a remote executor.
+// One per engine, made once and never moved on the hot path: its variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Executor {
     Local(Runner<Arc<Model>>),
     Remote(Remote),
@@ -180,9 +184,6 @@ impl Remote {
     }
 
     fn launch(&mut self, plan: &StepPlan) -> Result<u64, EngineError> {
-        if !plan.adapters.is_empty() {
-            return Err(EngineError::BadParams("adapters are not served on a ring yet".into()));
-        }
         // Grow the bookkeeping as a local pass would (positions checked, blocks taken).
         for row in &plan.rows {
             self.kv.grow(row.seq, row.pos + 1)?;
@@ -228,7 +229,7 @@ impl Remote {
             }
         }
         self.sync_tables(plan)?;
-        self.steps.start(&plan.rows, &self.released, &self.sync)
+        self.steps.start(&plan.rows, &plan.adapters, &self.released, &self.sync)
     }
 
     /// The table changes and slot copies the devices need before `plan`'s step: each

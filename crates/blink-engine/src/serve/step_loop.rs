@@ -54,6 +54,9 @@ pub(super) struct StepLoop {
 }
 
 impl StepLoop {
+    // The engine's channels and shared state, and the two kinds of work beside inference
+    // (co-served training, or a ring's steps): each is the loop's own.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         model: Arc<Model>,
         mut eog: Vec<u32>,

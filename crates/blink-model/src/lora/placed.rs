@@ -40,6 +40,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct LoraAdapter {
     id: u64,
     alpha: f32,
+    rslora: bool,
     max_rank: usize,
     tensor_bytes: usize,
     /// The parts it was placed for (a step checks they are the model's).
@@ -56,6 +57,11 @@ impl LoraAdapter {
 
     pub fn alpha(&self) -> f32 {
         self.alpha
+    }
+
+    /// Whether a pair of rank r is scaled by `alpha / √r` (rsLoRA) rather than `alpha / r`.
+    pub fn rslora(&self) -> bool {
+        self.rslora
     }
 
     /// The largest rank of its pairs.
@@ -78,6 +84,30 @@ impl LoraAdapter {
     #[inline]
     pub fn pair(&self, part: usize, layer: usize, target: LoraTarget) -> Option<&PlacedPair> {
         self.parts.get(part)?.get(layer)?[target.index()].as_ref()
+    }
+
+    /// The pairs of `layer` as they were read, by [`LoraTarget::index`]: `A` from the
+    /// first part, `B` gathered from every part's rows. Their values are f16's, widened
+    /// exactly, so placing them again gives the same weights (a ring's devices are sent
+    /// their layers' pairs this way).
+    pub fn pairs(&self, cfg: &ModelConfig, layer: usize) -> [Option<LoraPair>; 7] {
+        LoraTarget::ALL.map(|target| {
+            let first = self.pair(0, layer, target)?;
+            let (rows, cols) = target.shape(cfg);
+            let rank = first.rank;
+            let mut b = vec![0.0f32; rows * rank];
+            for (p, part) in self.split.iter().enumerate() {
+                let placed = self.pair(p, layer, target)?;
+                let range = part_rows(cfg, part, target);
+                let n = range.len();
+                for (o, row) in range.enumerate() {
+                    for k in 0..rank {
+                        b[row * rank + k] = placed.bt[k * n + o].to_f32();
+                    }
+                }
+            }
+            Some(LoraPair { rank, rows, cols, a: first.a.iter().map(|v| v.to_f32()).collect(), b })
+        })
     }
 
     /// Whether it was placed for `model`'s parts.
@@ -133,6 +163,7 @@ impl Model {
         Ok(LoraAdapter {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             alpha: tensors.alpha,
+            rslora: tensors.rslora,
             max_rank,
             tensor_bytes: tensors.tensor_bytes(),
             split: self.split.parts.clone(),

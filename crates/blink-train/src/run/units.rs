@@ -235,15 +235,15 @@ impl<H: Deref<Target = Model>> Finetune<H> {
         let n_layers = self.n_layers();
         let end = n_layers.min(layer + n);
         let c = &mut self.cursor;
-        let mut tensor = 2 * self.state.params.layers[..layer].iter().flatten().flatten().count();
+        // The optimizer's number for each matrix: A and B of every pair, in layer order.
+        let first = 2 * self.state.params.layers[..layer].iter().flatten().flatten().count();
         let params = self.state.params.layers[layer..end].iter_mut().flatten().flatten().flat_map(|p| [&mut p.a, &mut p.b]);
         let grads = c.grads.layers[layer..end].iter_mut().flatten().flatten().flat_map(|p| [&mut p.a, &mut p.b]);
-        for (p, g) in params.zip(grads) {
+        for (tensor, (p, g)) in (first..).zip(params.zip(grads)) {
             if let Some(scale) = c.clip {
                 g.iter_mut().for_each(|x| *x *= scale);
             }
             self.adam.update(tensor, p, g)?;
-            tensor += 1;
         }
         if end < n_layers {
             c.pos = Pos::Update { layer: end };

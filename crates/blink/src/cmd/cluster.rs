@@ -53,6 +53,8 @@ impl ShimArgs {
 /// A ring's head, ready to run steps, and the text side of the model.
 pub struct Head {
     pub ring: RingHead,
+    /// The head's share of the model (adapters are placed on it, then sent on).
+    pub model: Arc<blink_model::Model>,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub n_ctx: usize,
@@ -141,8 +143,9 @@ pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes)
         max_ctx: p.n_ctx,
         detached: false,
     };
-    let ring = RingHead::start(Arc::new(model), p.spec, &p.token, windows)?;
-    Ok(Head { ring, tokenizer, template, n_ctx: p.n_ctx, n_batch })
+    let model = Arc::new(model);
+    let ring = RingHead::start(model.clone(), p.spec, &p.token, windows)?;
+    Ok(Head { ring, model, tokenizer, template, n_ctx: p.n_ctx, n_batch })
 }
 
 /// `serve --cluster`: the head's share, and how the server's engine reaches the ring

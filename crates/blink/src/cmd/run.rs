@@ -45,13 +45,12 @@ pub struct Args {
 pub fn main(args: Args) -> CliResult {
     let text = args.prompt.text()?;
     if let Some(path) = &args.ring.cluster {
-        if !args.lora.lora.is_empty() || !args.lora.lora_scaled.is_empty() {
-            return Err("adapters are not served on a ring yet: drop --lora with --cluster".into());
-        }
         args.compute.kernel.apply()?;
         let head = super::cluster::start(path, &args.ring.shim, &args.model, &super::cluster::HeadSizes::of(&args.compute)?)?;
         let prompt = prompt_tokens(&args, &text, &head.tokenizer, head.template.as_ref())?;
-        let session = Session::over(head.ring, head.n_ctx, head.n_batch)?;
+        let adapters = args.lora.load(&head.model)?;
+        let mut session = Session::over(head.ring, head.n_ctx, head.n_batch)?;
+        session.set_adapter(adapters)?;
         return complete(&args, session, &head.tokenizer, &prompt, head.n_ctx);
     }
     let loaded = load_model(&args.model, Some(&args.compute))?;

@@ -89,8 +89,8 @@ fn gen_speed(ring: &mut RingHead, seqs: &[SeqId], n: usize, in_flight: usize, vo
     let mut group_of: HashMap<u64, usize> = HashMap::new();
     let rows = |g: usize, pos: usize, tokens: &[u32]| -> Vec<StepRow> { groups[g].iter().zip(tokens).map(|(&s, &t)| StepRow::decode(t, pos, s)).collect() };
     let start = Instant::now();
-    for g in 0..in_flight {
-        let id = ring.submit(&rows(g, 0, &tokens[g]))?;
+    for (g, first) in tokens.iter().enumerate().take(in_flight) {
+        let id = ring.submit(&rows(g, 0, first), &[])?;
         group_of.insert(id, g);
     }
     while ring.in_flight() > 0 {
@@ -101,7 +101,7 @@ fn gen_speed(ring: &mut RingHead, seqs: &[SeqId], n: usize, in_flight: usize, vo
         }
         done[g] += 1;
         if done[g] < n {
-            let id = ring.submit(&rows(g, done[g], &tokens[g]))?;
+            let id = ring.submit(&rows(g, done[g], &tokens[g]), &[])?;
             group_of.insert(id, g);
         }
     }
