@@ -85,7 +85,9 @@ pub fn perplexity(
             rows.clear();
             rows.extend((start..end).map(|pos| {
                 let token = if pos == 0 { cfg.bos.unwrap_or(toks[0]) } else { toks[pos] };
-                StepRow::prompt(token, pos, seq).with_logits(pos >= first && pos + 1 < ctx).with_adapter(slot)
+                // As llama-perplexity: the chunk is one prompt, and every row of its second
+                // half wants logits (the last one's go unused).
+                StepRow::prompt(token, pos, seq).with_logits(pos >= first).with_adapter(slot).in_prompt_of(ctx)
             }));
             runner.run_with(&rows, &adapters)?;
             for (i, pos) in (start..end).filter(|&p| p >= first && p + 1 < ctx).enumerate() {

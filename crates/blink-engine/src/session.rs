@@ -175,7 +175,7 @@ impl<S: Steps> Session<S> {
         let rest = &prompt[keep..];
         for chunk in rest.chunks(self.n_batch) {
             let last = self.tokens.len() + chunk.len() == prompt.len();
-            self.eval(chunk, last, RowKind::Prompt)?;
+            self.eval(chunk, last, RowKind::Prompt, prompt.len())?;
         }
         Ok(rest.len())
     }
@@ -185,15 +185,16 @@ impl<S: Steps> Session<S> {
         if self.tokens.len() >= self.n_ctx {
             return Err(EngineError::ContextFull { n_ctx: self.n_ctx });
         }
-        self.eval(&[token], true, RowKind::Decode)
+        self.eval(&[token], true, RowKind::Decode, 0)
     }
 
-    fn eval(&mut self, tokens: &[u32], logits_for_last: bool, kind: RowKind) -> Result<(), EngineError> {
+    /// Evaluate `tokens` (of a prompt of `prompt_len` tokens, 0 for a decoded token).
+    fn eval(&mut self, tokens: &[u32], logits_for_last: bool, kind: RowKind, prompt_len: usize) -> Result<(), EngineError> {
         let start = self.tokens.len();
         let (seq, n) = (self.seq, tokens.len());
         self.rows.clear();
         let slot = (!self.adapters.is_empty()).then_some(AdapterSlot(0));
-        let row = |i: usize, token: u32| StepRow::prompt(token, start + i, seq).with_logits(logits_for_last && i + 1 == n).with_kind(kind).with_adapter(slot);
+        let row = |i: usize, token: u32| StepRow::prompt(token, start + i, seq).with_logits(logits_for_last && i + 1 == n).with_kind(kind).with_adapter(slot).in_prompt_of(prompt_len);
         self.rows.extend(tokens.iter().enumerate().map(|(i, &token)| row(i, token)));
         self.runner.run_with(&self.rows, &self.adapters)?;
         self.tokens.extend_from_slice(tokens);

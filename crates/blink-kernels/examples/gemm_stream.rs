@@ -52,7 +52,7 @@ fn main() {
             let mut times = vec![];
             for _ in 0..5 {
                 let t = std::time::Instant::now();
-                let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act };
+                let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act, grouped: &[] };
                 for i in 0..reps {
                     let m = MatRef { ty, layout, rows, cols, bytes: &packed[i % copies] };
                     unsafe {

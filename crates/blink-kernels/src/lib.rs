@@ -16,6 +16,7 @@ pub mod attention;
 pub mod cpu;
 pub mod fgemm;
 pub mod gemm;
+pub mod gelu;
 pub mod lora;
 mod libm_expf;
 pub mod math;

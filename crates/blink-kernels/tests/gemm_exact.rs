@@ -90,6 +90,12 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
 
 #[allow(clippy::too_many_arguments)]
 fn run(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], rows: usize, cols: usize, act: &[u8], stride: usize, n_act: usize, accumulate: bool) -> Vec<f32> {
+    run_grouped(isa, order, ty, layout, w, (rows, cols), (act, stride, n_act, &[]), accumulate)
+}
+
+/// [`run`] with some activation rows computed as in a group of four (`grouped`).
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn run_grouped(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], (rows, cols): (usize, usize), (act, stride, n_act, grouped): (&[u8], usize, usize, &[bool]), accumulate: bool) -> Vec<f32> {
     let mut out: Vec<f32> = (0..n_act * rows).map(|i| i as f32 * 0.25).collect();
     let o = Out { ptr: out.as_mut_ptr(), ld: rows, accumulate };
     // Ranges that start mid-matrix: one call for the first third, then one call for the
@@ -97,7 +103,7 @@ fn run(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], rows: 
     let mid = (rows / 3).next_multiple_of(ROW_ALIGN).min(rows);
     let chunks: Vec<_> = (mid..rows).step_by(ROW_ALIGN).map(|r| r..(r + ROW_ALIGN).min(rows)).rev().collect();
     let m = MatRef { ty, layout, rows, cols, bytes: w };
-    let a = ActRows { ty: m.activation_type(), bytes: act, stride, count: n_act };
+    let a = ActRows { ty: m.activation_type(), bytes: act, stride, count: n_act, grouped };
     unsafe {
         product(isa, order, &m, &a, std::iter::once(0..mid), o);
         product(isa, order, &m, &a, chunks, o);
@@ -162,12 +168,39 @@ proptest! {
             let x = random_values(cols, seed.rotate_left(17) ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             quantize_row(act_ty, &x, &mut act[r * stride..r * stride + stride - 5]);
         }
-        let want = run(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
+        // Some rows as llama.cpp computes them in a group of four (Q4_K tells them apart).
+        let grouped: Vec<bool> = (0..n_act).map(|r| (seed >> (r % 64)) & 1 == 1).collect();
+        let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), accumulate);
         for isa in paths() {
-            let got = run(isa, DotOrder::Llama, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, accumulate);
+            let got = run_grouped(isa, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), accumulate);
             let bad = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
             prop_assert!(bad.is_none(), "{isa} {ty} rows={rows} cols={cols} n_act={n_act}: first difference at {bad:?}: {:?} vs scalar {:?}",
                 bad.map(|i| got[i]), bad.map(|i| want[i]));
         }
     }
 }
+
+/// A `Q4_K` row computed as in a group of four adds its sums per 64 elements: the float
+/// result differs from the row alone's (on most random rows), the other types' do not.
+#[test]
+fn only_q4_k_rows_tell_a_group_of_four_apart() {
+    use blink_kernels::quant::{vec_dot_grouped, vec_dot_in};
+    for ty in ROW_MAJOR.into_iter().filter(|t| t.block_size() == 256) {
+        let cols = 1024;
+        let mut differ = 0;
+        for seed in 1..20u64 {
+            let w = random_row_major(ty, 1, cols, seed);
+            let mut act = vec![0u8; ty.activation_type().row_bytes(cols as u64).unwrap() as usize];
+            quantize_row(ty.activation_type(), &random_values(cols, seed * 7 + 3), &mut act);
+            let (alone, grouped) = (vec_dot_in(DotOrder::Llama, ty, cols, &w, &act), vec_dot_grouped(DotOrder::Llama, ty, cols, &w, &act));
+            differ += usize::from(alone.to_bits() != grouped.to_bits());
+            assert!((alone - grouped).abs() <= 1e-3 * alone.abs().max(1.0), "{ty}: {alone} alone, {grouped} grouped");
+        }
+        if ty == GgmlType::Q4_K {
+            assert!(differ > 0, "Q4_K: a group of four never changed a bit in 19 rows");
+        } else {
+            assert_eq!(differ, 0, "{ty} has one order");
+        }
+    }
+}
+

@@ -16,6 +16,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: Llama plus RMS norms on Q and K per head.
     Qwen3,
+    /// Gemma 3: embeddings scaled by √d, Q/K norms, norms after attention and the FFN
+    /// as well as before, GeGLU, and local sliding-window layers between global ones.
+    Gemma3,
 }
 
 impl Arch {
@@ -24,8 +27,9 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "gemma3" => Ok(Arch::Gemma3),
             other => Err(ModelError::Unsupported(format!(
-                "architecture '{other}' (supported: llama, qwen2, qwen3)"
+                "architecture '{other}' (supported: llama, qwen2, qwen3, gemma3)"
             ))),
         }
     }
@@ -36,8 +40,28 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
         }
     }
+}
+
+/// The FFN's gated activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// SwiGLU: `silu(gate) · up`.
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (through llama.cpp's f16 table).
+    GeluTanh,
+}
+
+/// Local attention on some layers: a query sees only the last `window` positions (its
+/// own included), with rope of its own base.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    pub window: usize,
+    /// Per layer, whether it is local.
+    pub layers: Vec<bool>,
+    pub rope: RopeConfig,
 }
 
 /// How rotary position embedding pairs dimensions.
@@ -92,6 +116,17 @@ pub struct ModelConfig {
     pub norm_eps: f32,
     pub rope: RopeConfig,
     pub vocab_size: usize,
+    /// Token embeddings are multiplied by this (Gemma: √n_embd).
+    pub embd_scale: Option<f32>,
+    /// RMS norms on the attention and FFN outputs before they join the residual stream.
+    pub post_norms: bool,
+    pub ffn_act: FfnAct,
+    /// Queries are multiplied by this after rope and scores left unscaled (Gemma, as
+    /// llama.cpp computes it); `None`: scores scaled by 1/√head_dim.
+    pub query_scale: Option<f32>,
+    pub sliding: Option<SlidingWindow>,
+    /// Logits pass through `cap · tanh(logit / cap)`.
+    pub logit_softcap: Option<f32>,
 }
 
 /// Upper bounds that keep a hostile file from asking for absurd allocations.
@@ -202,6 +237,25 @@ impl ModelConfig {
             None => file.get_array("tokenizer.ggml.tokens")?.len(),
         };
         let name = file.opt_str("general.name")?.unwrap_or(arch.name()).to_string();
+        let gemma = arch == Arch::Gemma3;
+        let sliding = match file.opt_u32(&key("attention.sliding_window"))? {
+            Some(window) if window > 0 && gemma => Some(SlidingWindow {
+                window: window as usize,
+                layers: Self::local_layers(file, &key("attention.sliding_window_pattern"), n_layers)?,
+                rope: RopeConfig {
+                    freq_base: file.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+                    scaling: RopeScaling::None,
+                    ..rope
+                },
+            }),
+            _ => None,
+        };
+        let logit_softcap = file.opt_f32(&key("final_logit_softcapping"))?.filter(|&c| c != 0.0);
+        if let Some(cap) = logit_softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(ModelError::BadConfig(format!("final logit soft-capping {cap} is not valid")));
+            }
+        }
 
         Ok(ModelConfig {
             arch,
@@ -216,7 +270,45 @@ impl ModelConfig {
             norm_eps,
             rope,
             vocab_size,
+            // As llama.cpp: √d in f32, and 1/√head_dim on the queries (Gemma 3 27B, whose
+            // heads are not d / heads wide, is scaled by 1/√(d / heads)).
+            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            post_norms: gemma,
+            ffn_act: if gemma { FfnAct::GeluTanh } else { FfnAct::Silu },
+            query_scale: gemma.then(|| {
+                let width = if n_layers == 62 { n_embd / n_head } else { head_dim };
+                1.0 / (width as f32).sqrt()
+            }),
+            sliding,
+            logit_softcap,
         })
+    }
+
+    /// Which layers are local, as llama.cpp reads Gemma's pattern: a per-layer array, or
+    /// a period n whose last layer is global (default 6).
+    fn local_layers(file: &GgufFile, key: &str, n_layers: usize) -> Result<Vec<bool>, ModelError> {
+        if let Some(Value::Array(per_layer)) = file.get(key) {
+            let values = match per_layer {
+                blink_gguf::Array::Bool(flags) => flags.iter().map(|&f| u64::from(f)).collect(),
+                other => other.to_u64s().ok_or_else(|| ModelError::BadConfig(format!("{key} is an {}, not flags", other.type_name())))?,
+            };
+            if values.len() != n_layers {
+                return Err(ModelError::BadConfig(format!("{key} has {} values for {n_layers} layers", values.len())));
+            }
+            return Ok(values.iter().map(|&v| v != 0).collect());
+        }
+        let period = file.opt_u32(key)?.unwrap_or(6) as usize;
+        Ok((0..n_layers).map(|l| period == 0 || l % period < period - 1).collect())
+    }
+
+    /// Whether layer `layer` attends within a sliding window.
+    pub fn is_local(&self, layer: usize) -> bool {
+        self.sliding.as_ref().is_some_and(|s| s.layers[layer])
+    }
+
+    /// Floats of rope angles a row holds: the global layers', then the local ones' if any.
+    pub fn rope_width(&self) -> usize {
+        self.rope.n_dims * if self.sliding.is_some() { 2 } else { 1 }
     }
 
     fn rope_from_gguf(
@@ -228,7 +320,7 @@ impl ModelConfig {
         let key = |suffix: &str| format!("{}.{suffix}", arch.name());
         let order = match arch {
             Arch::Llama => RopeOrder::Normal,
-            Arch::Qwen2 | Arch::Qwen3 => RopeOrder::NeoX,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeOrder::NeoX,
         };
         let n_dims = file.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
         if n_dims == 0 || n_dims > head_dim || n_dims % 2 != 0 {

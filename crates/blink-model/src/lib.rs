@@ -58,6 +58,8 @@ pub enum ModelError {
 pub struct Model {
     pub cfg: ModelConfig,
     pub rope: Rope,
+    /// The local (sliding-window) layers' rope, when they have their own base.
+    pub rope_local: Option<Rope>,
     /// How the work is split over the parts (one part for a flat model).
     pub split: TensorSplit,
     /// One per part of `split`, in the part's memory.
@@ -121,7 +123,8 @@ impl Model {
         used.check_all(&file, &share)?;
         weights::release_copied(&file, &parts);
         let rope = Rope::new(&cfg.rope, rope_freqs);
-        Ok(Model { cfg, rope, split, parts, placement: placement.clone(), file, share })
+        let rope_local = cfg.sliding.as_ref().map(|s| Rope::new(&s.rope, None));
+        Ok(Model { cfg, rope, rope_local, split, parts, placement: placement.clone(), file, share })
     }
 
     /// Open, validate and load the GGUF file at `path` (flat).

@@ -148,9 +148,12 @@ pub struct LayerWeights {
     pub bq: Option<Vector>,
     pub bk: Option<Vector>,
     pub bv: Option<Vector>,
-    /// Per-head RMS norms of Q and K (Qwen3).
+    /// Per-head RMS norms of Q and K (Qwen3, Gemma 3).
     pub q_norm: Option<Vector>,
     pub k_norm: Option<Vector>,
+    /// RMS norms of the attention and FFN outputs (Gemma 3).
+    pub attn_post_norm: Option<Vector>,
+    pub ffn_post_norm: Option<Vector>,
     pub ffn_norm: Vector,
     /// The part's FFN rows.
     pub w_gate: Matrix,
@@ -392,7 +395,7 @@ impl Weights {
         let output = ld.rows_as(output_name, d, vocab, part.vocab_rows.clone(), true, head)?;
         let output_norm = ld.vector("output_norm.weight", d)?;
         let biased = cfg.arch == Arch::Qwen2;
-        let qk_norm = cfg.arch == Arch::Qwen3;
+        let qk_norm = matches!(cfg.arch, Arch::Qwen3 | Arch::Gemma3);
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 if !share.holds(i) {
@@ -413,6 +416,13 @@ impl Weights {
                         Ok(None)
                     }
                 };
+                let post_norm = |s: &str| -> Result<Option<Vector>, ModelError> {
+                    if cfg.post_norms {
+                        ld.vector(&n(s), d).map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
                 Ok(Some(LayerWeights {
                     attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
                     wq: ld.rows(&n("attn_q.weight"), d, q, qr.clone(), true)?,
@@ -424,6 +434,8 @@ impl Weights {
                     bv: bias("attn_v.bias", kv, &kvr)?,
                     q_norm: head_norm("attn_q_norm.weight")?,
                     k_norm: head_norm("attn_k_norm.weight")?,
+                    attn_post_norm: post_norm("post_attention_norm.weight")?,
+                    ffn_post_norm: post_norm("post_ffw_norm.weight")?,
                     ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
                     w_gate: ld.rows(&n("ffn_gate.weight"), d, ff, part.ff_rows.clone(), true)?,
                     w_up: ld.rows(&n("ffn_up.weight"), d, ff, part.ff_rows.clone(), true)?,

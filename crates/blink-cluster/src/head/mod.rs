@@ -263,7 +263,7 @@ impl RingHead {
         let id = self.next_id;
         self.next_id += 1;
         let mixes = adapters.iter().map(|m| m.adapters().iter().map(|(a, scale)| MixPart { adapter: a.id(), scale: *scale }).collect()).collect();
-        let rows_out = rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind, adapter: r.adapter.map(|s| s.0) }).collect();
+        let rows_out = rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind, adapter: r.adapter.map(|s| s.0), logits: r.logits, grouped: r.grouped }).collect();
         let mut frame = StepFrame { id, first_layer: 0, ops, mixes, rows: rows_out, hidden: Vec::new() };
         self.windows.hidden_into(rows.len(), &mut frame.hidden);
         self.in_flight.insert(id, InFlight { rows: rows.to_vec(), adapters: adapters.to_vec() });

@@ -82,6 +82,10 @@ pub struct WireRow {
     pub kind: RowKind,
     /// Its adapter mix: an index into the step's `mixes` (`None`: the base model).
     pub adapter: Option<u16>,
+    /// Whether it wants logits, and whether llama.cpp computes it in a group of four: the
+    /// products of the last layers follow both (`blink_model::StepRow`).
+    pub logits: bool,
+    pub grouped: bool,
 }
 
 /// One adapter in a step's mix: the head's number for it and its user scale.
@@ -298,6 +302,7 @@ impl Message {
                     w.u32(r.pos);
                     w.u8(kind_byte(r.kind));
                     w.u16(r.adapter.unwrap_or(u16::MAX));
+                    w.u8(u8::from(r.logits) | u8::from(r.grouped) << 1);
                 }
                 w.f32s(&s.hidden);
             }
@@ -395,7 +400,7 @@ impl Message {
                     let mix = (0..parts).map(|_| Ok(MixPart { adapter: r.u64("adapter mixes")?, scale: r.f32("adapter mixes")? })).collect::<Result<Vec<_>, WireError>>()?;
                     mixes.push(mix);
                 }
-                let n = r.count(11, "rows")?;
+                let n = r.count(12, "rows")?;
                 let mut rows = Vec::with_capacity(n);
                 for _ in 0..n {
                     let (seq, pos, kind) = (r.u32("rows")?, r.u32("rows")?, row_kind(r.u8("rows")?)?);
@@ -403,7 +408,11 @@ impl Message {
                     if adapter.is_some_and(|a| a as usize >= mixes.len()) {
                         return Err(WireError::Invalid(format!("a row of adapter mix {} in a step of {}", adapter.unwrap_or(0), mixes.len())));
                     }
-                    rows.push(WireRow { seq, pos, kind, adapter });
+                    let flags = r.u8("rows")?;
+                    if flags > 3 {
+                        return Err(WireError::Invalid(format!("row flags {flags:#04x}")));
+                    }
+                    rows.push(WireRow { seq, pos, kind, adapter, logits: flags & 1 != 0, grouped: flags & 2 != 0 });
                 }
                 let mut hidden = Vec::new();
                 r.f32s_into(&mut hidden, "hidden states")?;

@@ -147,7 +147,7 @@ impl StepPlan {
     pub(super) fn push_chunk(&mut self, seq: SeqId, start: usize, tokens: &[u32], n_prompt: usize, adapter: Option<AdapterSlot>) {
         let len = tokens.len();
         self.chunks.push(Chunk { seq, start, len });
-        let row = |i: usize, t: u32| StepRow::prompt(t, start + i, seq).with_logits(start + i + 1 == n_prompt).with_adapter(adapter);
+        let row = |i: usize, t: u32| StepRow::prompt(t, start + i, seq).with_logits(start + i + 1 == n_prompt).with_adapter(adapter).in_prompt_of(n_prompt);
         self.prompt_rows.extend(tokens.iter().enumerate().map(|(i, &t)| row(i, t)));
         let c = &mut self.cost;
         c.prompt_tokens += len;

@@ -81,6 +81,17 @@ pub struct ActRows<'a> {
     pub bytes: &'a [u8],
     pub stride: usize,
     pub count: usize,
+    /// Per row, whether llama.cpp would multiply it in a group of four rows (only `Q4_K`
+    /// weights tell the two apart: [`quant::vec_dot_grouped`]); empty: none is.
+    pub grouped: &'a [bool],
+}
+
+impl ActRows<'_> {
+    /// Whether row `r` is computed as in a group of four.
+    #[inline]
+    pub fn is_grouped(&self, r: usize) -> bool {
+        self.grouped.get(r).copied().unwrap_or(false)
+    }
 }
 
 /// Where results go: element `(r, i)` is `ptr[r * ld + i]`, written or added.
@@ -201,11 +212,11 @@ unsafe fn product_range(isa: Isa, order: DotOrder, m: &MatRef, a: &ActRows, rows
         // which checks every feature these `#[target_feature]` functions enable.
         let done = match isa {
             Isa::Avx512Vnni => {
-                x86_kquant::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
+                x86_kquant::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out)
                     || x86_float::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
             }
             Isa::Avx2 => {
-                x86_kquant::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
+                x86_kquant::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out)
                     || x86_float::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
             }
             _ => false,
@@ -216,7 +227,7 @@ unsafe fn product_range(isa: Isa, order: DotOrder, m: &MatRef, a: &ActRows, rows
     }
     // SAFETY: as for the packed NEON kernel above.
     #[cfg(target_arch = "aarch64")]
-    if isa == Isa::Neon && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
+    if isa == Isa::Neon && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out) {
         return;
     }
     scalar(order, m, a, rows, out);
@@ -241,7 +252,9 @@ unsafe fn scalar(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, o
     for i in rows {
         let wrow = &w[i * rb..(i + 1) * rb];
         for r in 0..n_act {
-            store(out, r, i, quant::vec_dot_in(order, ty, cols, wrow, &act[r * act_stride..r * act_stride + ab]));
+            let arow = &act[r * act_stride..r * act_stride + ab];
+            let v = if a.is_grouped(r) { quant::vec_dot_grouped(order, ty, cols, wrow, arow) } else { quant::vec_dot_in(order, ty, cols, wrow, arow) };
+            store(out, r, i, v);
         }
     }
 }
@@ -250,7 +263,7 @@ unsafe fn scalar(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, o
 /// exactly as `vec_dot_in` does.
 unsafe fn scalar_packed(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, out: Out) {
     let MatRef { ty, cols, bytes: w, .. } = *m;
-    let ActRows { ty: act_ty, bytes: act, stride: act_stride, count: n_act } = *a;
+    let ActRows { ty: act_ty, bytes: act, stride: act_stride, count: n_act, .. } = *a;
     let f = Fields::of(ty).expect("packed layout of a packable type");
     let n_blocks = cols / 32;
     let group_block = f.group_block();

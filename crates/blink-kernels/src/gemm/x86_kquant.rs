@@ -4,7 +4,9 @@
 //! The scalar reference computes, per 256-element super-block, exact integer sums (`isum`
 //! of scale × group dot, and for the formats with mins `summ` from the activation's
 //! `bsums`), turns them into one `f32` block value with a few multiplications, and adds
-//! that to a running sum. Here the integer sums come from `maddubs` (unsigned weight ×
+//! that to a running sum; `Q4_K` and `Q6_K` follow llama.cpp's x86 kernels instead (two
+//! FMA chains, per super-block or per 64 elements for a row of a group of four; eight float
+//! lanes per output, summed at the end). Here the integer sums come from `maddubs` (unsigned weight ×
 //! signed activation bytes, exact for quants below 64) followed by `madd` (AVX2) or
 //! `dpwssd` (VNNI) with the group scales. A tile (one weight row × up to eight activation
 //! rows, or eight weight rows × one activation row) keeps one eight-lane `i32` vector per
@@ -63,10 +65,22 @@ trait KQuant {
     const D: usize;
     /// Offset of the f16 `dmin`, for the formats whose value is `d·d_a·isum - dmin·d_a·summ`.
     const DMIN: Option<usize>;
+    /// Whether the block values are not summed but chained into two FMAs (`Q4_K`, see
+    /// `quant::kquants::vec_dot_q4_k`).
+    const CHAINED: bool = false;
+    /// Whether each output keeps its eight `isum` lanes apart in eight float lanes to the
+    /// end (`Q6_K`, see `quant::kquants::vec_dot_q6_k`).
+    const LANES: bool = false;
 
     /// For one weight block against `NA` activation blocks: per activation row, eight
     /// `i32` lanes summing to `isum`, and eight summing to `summ` (zero without mins).
     unsafe fn ints<M: Mac, const NA: usize>(w: *const u8, a: &[*const u8; NA]) -> ([__m256i; NA], [__m256i; NA]);
+    /// For a chained format: `ints`, with `isum` split over the block's four 64-element
+    /// pieces (lanes `2c`, `2c + 1` of the `summ` vectors cover piece `c`).
+    unsafe fn int_pieces<M: Mac, const NA: usize>(w: *const u8, a: &[*const u8; NA]) -> ([[__m256i; NA]; 4], [__m256i; NA]) {
+        let (isum, summ) = Self::ints::<M, NA>(w, a);
+        ([isum, [_mm256_setzero_si256(); NA], [_mm256_setzero_si256(); NA], [_mm256_setzero_si256(); NA]], summ)
+    }
 }
 
 #[inline(always)]
@@ -206,6 +220,20 @@ unsafe fn scales_mins_k4(p: *const u8) -> (u64, u64) {
 /// elements per 32 bytes.
 #[inline(always)]
 unsafe fn ints_k4<M: Mac, const NA: usize, const QH: usize>(w: *const u8, a: &[*const u8; NA]) -> ([__m256i; NA], [__m256i; NA]) {
+    let ([acc, ..], summ) = k4_sums::<M, NA, QH, false>(w, a);
+    (acc, summ)
+}
+
+/// [`ints_k4`] with `isum` split over the four 64-element pieces.
+#[inline(always)]
+unsafe fn ints_k4_pieces<M: Mac, const NA: usize, const QH: usize>(w: *const u8, a: &[*const u8; NA]) -> ([[__m256i; NA]; 4], [__m256i; NA]) {
+    k4_sums::<M, NA, QH, true>(w, a)
+}
+
+/// The integer sums of [`ints_k4`], piece `c` into `acc[c]` when `SPLIT`, else all into
+/// `acc[0]`.
+#[inline(always)]
+unsafe fn k4_sums<M: Mac, const NA: usize, const QH: usize, const SPLIT: bool>(w: *const u8, a: &[*const u8; NA]) -> ([[__m256i; NA]; 4], [__m256i; NA]) {
     let (sc, mn) = scales_mins_k4(w.add(4));
     let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
     let mn = _mm_cvtsi64_si128(mn as i64);
@@ -213,7 +241,7 @@ unsafe fn ints_k4<M: Mac, const NA: usize, const QH: usize>(w: *const u8, a: &[*
     let qs = w.add(if QH == 0 { 16 } else { QH + 32 });
     let nib = _mm256_set1_epi8(0x0f);
     let mut hb = if QH == 0 { _mm256_setzero_si256() } else { load(w.add(QH)) };
-    let mut acc = [_mm256_setzero_si256(); NA];
+    let mut acc = [[_mm256_setzero_si256(); NA]; 4];
     for c in 0..4 {
         let raw = load(qs.add(32 * c));
         let mut lo = _mm256_and_si256(raw, nib);
@@ -226,8 +254,9 @@ unsafe fn ints_k4<M: Mac, const NA: usize, const QH: usize>(w: *const u8, a: &[*
             hb = _mm256_srli_epi16::<2>(hb);
         }
         let g = 2 * c as i16;
-        rows_mac::<M, NA>(&mut acc, lo, words(scales, g, g), a, 64 * c);
-        rows_mac::<M, NA>(&mut acc, hi, words(scales, g + 1, g + 1), a, 64 * c + 32);
+        let into = &mut acc[if SPLIT { c } else { 0 }];
+        rows_mac::<M, NA>(into, lo, words(scales, g, g), a, 64 * c);
+        rows_mac::<M, NA>(into, hi, words(scales, g + 1, g + 1), a, 64 * c + 32);
     }
     (acc, bsums_dot(a, mins))
 }
@@ -236,10 +265,16 @@ impl KQuant for Q4K {
     const BYTES: usize = 144;
     const D: usize = 0;
     const DMIN: Option<usize> = Some(2);
+    const CHAINED: bool = true;
 
     #[inline(always)]
     unsafe fn ints<M: Mac, const NA: usize>(w: *const u8, a: &[*const u8; NA]) -> ([__m256i; NA], [__m256i; NA]) {
         ints_k4::<M, NA, 0>(w, a)
+    }
+
+    #[inline(always)]
+    unsafe fn int_pieces<M: Mac, const NA: usize>(w: *const u8, a: &[*const u8; NA]) -> ([[__m256i; NA]; 4], [__m256i; NA]) {
+        ints_k4_pieces::<M, NA, 0>(w, a)
     }
 }
 
@@ -258,6 +293,7 @@ impl KQuant for Q6K {
     const BYTES: usize = 210;
     const D: usize = 208;
     const DMIN: Option<usize> = None;
+    const LANES: bool = true;
 
     #[inline(always)]
     unsafe fn ints<M: Mac, const NA: usize>(w: *const u8, a: &[*const u8; NA]) -> ([__m256i; NA], [__m256i; NA]) {
@@ -322,31 +358,80 @@ unsafe fn f32_gather(p: [*const u8; 8]) -> __m256 {
 /// output `i` is row `i`). Lane `k` of the vectors below is output `k`; lanes past the
 /// tile compute copies of its last output.
 #[inline(always)]
-unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w: [*const u8; NR], a: [*const u8; NA]) -> [f32; 8] {
+unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w: [*const u8; NR], a: [*const u8; NA], grouped: u8) -> [f32; 8] {
     const { assert!((NR == 1 || NA == 1) && NR * NA <= 8) };
-    let mut sum = _mm256_setzero_ps();
+    let (mut sum, mut sum_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    // The lanes computed as in a group of four rows (chained formats only).
+    let (mut g_sum, mut g_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let pieces = K::CHAINED && grouped != 0;
+    // Per output, its eight float lanes (`LANES` formats only).
+    let mut lanes = [_mm256_setzero_ps(); 8];
     // Intrinsics stay out of closures: a closure would not inherit the target features,
     // so they would become calls.
     for b in 0..nb {
         let (mut iv, mut sv) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+        let mut pv = [[_mm256_setzero_si256(); 8]; 4];
         let (d, dmin, da);
         if NR == 1 {
             let wb = w[0].add(b * K::BYTES);
             let ab: [*const u8; NA] = from_fn(|j| a[j].add(b * ACT_BYTES));
-            let (x, y) = K::ints::<M, NA>(wb, &ab);
-            iv[..NA].copy_from_slice(&x);
-            sv[..NA].copy_from_slice(&y);
+            if pieces {
+                let (x, y) = K::int_pieces::<M, NA>(wb, &ab);
+                for c in 0..4 {
+                    pv[c][..NA].copy_from_slice(&x[c]);
+                }
+                sv[..NA].copy_from_slice(&y);
+            } else {
+                let (x, y) = K::ints::<M, NA>(wb, &ab);
+                iv[..NA].copy_from_slice(&x);
+                sv[..NA].copy_from_slice(&y);
+            }
             (d, dmin) = (f16_splat(wb, K::D), f16_splat(wb, K::DMIN.unwrap_or(K::D)));
             da = f32_gather(from_fn(|k| ab[k.min(NA - 1)]));
         } else {
             let ab = [a[0].add(b * ACT_BYTES)];
             let wb: [*const u8; 8] = from_fn(|k| w[k.min(NR - 1)].add(b * K::BYTES));
             for i in 0..NR {
-                let (x, y) = K::ints::<M, 1>(wb[i], &ab);
-                (iv[i], sv[i]) = (x[0], y[0]);
+                if pieces {
+                    let (x, y) = K::int_pieces::<M, 1>(wb[i], &ab);
+                    for c in 0..4 {
+                        pv[c][i] = x[c][0];
+                    }
+                    sv[i] = y[0];
+                } else {
+                    let (x, y) = K::ints::<M, 1>(wb[i], &ab);
+                    (iv[i], sv[i]) = (x[0], y[0]);
+                }
             }
             (d, dmin) = (f16_gather(wb, K::D), f16_gather(wb, K::DMIN.unwrap_or(K::D)));
             da = _mm256_set1_ps((ab[0] as *const f32).read_unaligned());
+        }
+        if K::LANES {
+            // Scalar: lane-wise fma(d_a·d, lane, acc_lane) for every output.
+            let mut dd = [0f32; 8];
+            _mm256_storeu_ps(dd.as_mut_ptr(), _mm256_mul_ps(da, d));
+            for (o, acc) in lanes.iter_mut().enumerate() {
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dd[o]), _mm256_cvtepi32_ps(iv[o]), *acc);
+            }
+            continue;
+        }
+        if K::CHAINED {
+            let (dd, dm) = (_mm256_mul_ps(d, da), _mm256_mul_ps(dmin, da));
+            if pieces {
+                // Scalar, grouped: per piece c, fma(isum_c, d·d_a, ·) and fma(summ_c,
+                // dmin·d_a, ·) (summ_c: lanes 2c, 2c + 1 of the mins' sums).
+                for (c, p) in pv.iter().enumerate() {
+                    let keep = _mm256_setr_epi32(-((c == 0) as i32), -((c == 0) as i32), -((c == 1) as i32), -((c == 1) as i32), -((c == 2) as i32), -((c == 2) as i32), -((c == 3) as i32), -((c == 3) as i32));
+                    let mc: [__m256i; 8] = from_fn(|o| _mm256_and_si256(sv[o], keep));
+                    g_sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes(*p)), dd, g_sum);
+                    g_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes(mc)), dm, g_min);
+                }
+                iv = from_fn(|o| _mm256_add_epi32(_mm256_add_epi32(pv[0][o], pv[1][o]), _mm256_add_epi32(pv[2][o], pv[3][o])));
+            }
+            // Scalar: fma(isum, d·d_a, sum) and fma(summ, dmin·d_a, sum_min).
+            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes(iv)), dd, sum);
+            sum_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_lanes(sv)), dm, sum_min);
+            continue;
         }
         // Scalar: d·d_a·(isum as f32) [- dmin·d_a·(summ as f32)], products left to right.
         let mut v = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sum_lanes(iv)));
@@ -357,6 +442,29 @@ unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w
         sum = _mm256_add_ps(sum, v);
     }
     let mut res = [0f32; 8];
+    if K::LANES {
+        for (r, l) in res.iter_mut().zip(&lanes) {
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), *l);
+            *r = crate::quant::reduce::hsum8(&v);
+        }
+        return res;
+    }
+    if K::CHAINED {
+        _mm256_storeu_ps(res.as_mut_ptr(), _mm256_sub_ps(sum, sum_min));
+        if pieces {
+            let mut g = [0f32; 8];
+            _mm256_storeu_ps(g.as_mut_ptr(), _mm256_sub_ps(g_sum, g_min));
+            for (k, r) in res.iter_mut().enumerate() {
+                // Lane k is output k (NR == 1: activation row k; else every lane is the
+                // one activation row).
+                if grouped & (1 << if NR == 1 { k } else { 0 }) != 0 {
+                    *r = g[k];
+                }
+            }
+        }
+        return res;
+    }
     _mm256_storeu_ps(res.as_mut_ptr(), sum);
     res
 }
@@ -376,9 +484,12 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
     act: &[u8],
     act_stride: usize,
     n_act: usize,
+    grouped: &[bool],
     out: Out,
 ) {
     assert!(cols.is_multiple_of(256), "k-quant rows are whole super-blocks");
+    // Bit j: activation row j0 + j is computed as in a group of four.
+    let mask = |j0: usize, n: usize| (0..n).filter(|&j| grouped.get(j0 + j).copied().unwrap_or(false)).fold(0u8, |m, j| m | 1 << j);
     let nb = cols / 256;
     let rb = nb * K::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");
@@ -400,9 +511,9 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
                 let na = if left >= NA { NA } else { 4 };
                 for i in c0..c1 {
                     let res = if na == NA {
-                        tile::<K, M, 1, NA>(nb, [row(i)], from_fn(|j| arow(j0 + j)))
+                        tile::<K, M, 1, NA>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na))
                     } else {
-                        tile::<K, M, 1, 4>(nb, [row(i)], from_fn(|j| arow(j0 + j)))
+                        tile::<K, M, 1, 4>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na))
                     };
                     res.iter().take(na).enumerate().for_each(|(j, &v)| put(i, j0 + j, v));
                 }
@@ -410,7 +521,7 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
             } else {
                 for i0 in (c0..c1).step_by(NR) {
                     // Rows past the end repeat the last one; their results are dropped.
-                    let res = tile::<K, M, NR, 1>(nb, from_fn(|i| row(i0 + i)), [arow(j0)]);
+                    let res = tile::<K, M, NR, 1>(nb, from_fn(|i| row(i0 + i)), [arow(j0)], mask(j0, 1));
                     res.iter().take(c1 - i0).enumerate().for_each(|(i, &v)| put(i0 + i, j0, v));
                 }
                 j0 += 1;
@@ -423,13 +534,13 @@ macro_rules! dispatch {
     ($name:ident, $mac:ty, $features:literal, $na:literal, $nr:literal) => {
         /// Run the row-major k-quant kernel for `ty`; false if `ty` has none.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+        pub(super) unsafe fn $name(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) -> bool {
             match ty {
-                GgmlType::Q2_K => gemm::<Q2K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, out),
-                GgmlType::Q3_K => gemm::<Q3K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, out),
-                GgmlType::Q4_K => gemm::<Q4K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, out),
-                GgmlType::Q5_K => gemm::<Q5K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, out),
-                GgmlType::Q6_K => gemm::<Q6K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, out),
+                GgmlType::Q2_K => gemm::<Q2K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::Q3_K => gemm::<Q3K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::Q4_K => gemm::<Q4K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::Q5_K => gemm::<Q5K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::Q6_K => gemm::<Q6K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 _ => return false,
             }
             true

@@ -10,7 +10,7 @@ use std::array::from_fn;
 
 use blink_gguf::QK_K;
 
-use super::blocks::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, K_SCALE_SIZE};
+use super::blocks::{read_blocks, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, K_SCALE_SIZE};
 use super::kquants_bits::{q3_scales, scale_min_k4, unpack_scales_mins};
 use super::kquants_quantize as kq;
 use super::rows::QuantBlock;
@@ -52,6 +52,17 @@ fn dequantize_scale_min(
     }
 }
 
+/// `Q4_K`/`Q5_K` against `Q8_K`: the exact integer sums of one super-block, `isum` (scales ×
+/// group dots) and `summ` (mins × the activation's group sums).
+fn int_sums_scale_min(scales: &[u8; K_SCALE_SIZE], q: &[i8; QK_K], act: &BlockQ8K) -> (i32, i32) {
+    let (sc, mins) = unpack_scales_mins(scales);
+    let g = group16_dots(q, &act.qs);
+    let isum: i32 = (0..8)
+        .map(|j| sc[j] as i32 * (g[2 * j] + g[2 * j + 1]))
+        .sum();
+    (isum, mins_dot(act, &mins))
+}
+
 /// `Q4_K`/`Q5_K` dot with `Q8_K`.
 fn dot_scale_min(
     d: f32,
@@ -60,13 +71,62 @@ fn dot_scale_min(
     q: &[i8; QK_K],
     act: &BlockQ8K,
 ) -> f32 {
-    let (sc, mins) = unpack_scales_mins(scales);
-    let g = group16_dots(q, &act.qs);
-    let isum: i32 = (0..8)
-        .map(|j| sc[j] as i32 * (g[2 * j] + g[2 * j + 1]))
-        .sum();
-    let summ = mins_dot(act, &mins);
+    let (isum, summ) = int_sums_scale_min(scales, q, act);
     d * act.d * isum as f32 - dmin * act.d * summ as f32
+}
+
+/// A `Q6_K` row's dot with a `Q8_K` row as llama.cpp's x86 build (AVX2) computes it: per
+/// super-block eight `i32` lanes, lane `k` summing `scale · (q + 32) · a` over elements
+/// `4k..4k + 4` of every 32-element piece, less `32 · scale · bsum` over the 16-element
+/// groups `2k` and `2k + 1`; each lane then goes into a float lane of its own with one FMA
+/// by `d_a·d`, and the lanes are summed at the end as ggml's `hsum_float_8` does.
+pub fn vec_dot_q6_k(n_blocks: usize, w: &[u8], act: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (wb, ab) in read_blocks::<BlockQ6K>(w).zip(read_blocks::<BlockQ8K>(act)).take(n_blocks) {
+        let q = wb.quants();
+        let sc = wb.scales;
+        let d = ab.d * wb.d.to_f32();
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let mut lane = 0i32;
+            for piece in 0..QK_K / 32 {
+                let s = sc[2 * piece + k / 4] as i32;
+                let e = 32 * piece + 4 * k;
+                lane += s * (e..e + 4).map(|e| (q[e] as i32 + 32) * ab.qs[e] as i32).sum::<i32>();
+            }
+            lane -= 32 * (ab.bsums[2 * k] as i32 * sc[2 * k] as i32 + ab.bsums[2 * k + 1] as i32 * sc[2 * k + 1] as i32);
+            *acc = d.mul_add(lane as f32, *acc);
+        }
+    }
+    super::reduce::hsum8(&acc)
+}
+
+/// A `Q4_K` row's dot with a `Q8_K` row as llama.cpp's x86 build computes it. With AVX2 it
+/// repacks `Q4_K` matrices (eight interleaved rows, `q4_K_8x8`); its kernels add integer
+/// sums times `d·d_a` into one sum with FMAs, the mins' sums times `dmin·d_a` into
+/// another, and take their difference at the end. A row it multiplies alone (`gemv`: a
+/// decoded token, the last rows of a batch that are not a group of four) adds each
+/// super-block's sums with one FMA each; a row in a group of four (`gemm`, `grouped`) adds
+/// them per 64 elements, four FMAs each.
+pub fn vec_dot_q4_k(n_blocks: usize, w: &[u8], act: &[u8], grouped: bool) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (wb, ab) in read_blocks::<BlockQ4K>(w).zip(read_blocks::<BlockQ8K>(act)).take(n_blocks) {
+        let (dd, dm) = (wb.d.to_f32() * ab.d, wb.dmin.to_f32() * ab.d);
+        if grouped {
+            let (sc, mins) = unpack_scales_mins(&wb.scales);
+            let g = group16_dots(&wb.quants(), &ab.qs);
+            for c in 0..4 {
+                let isum: i32 = (2 * c..2 * c + 2).map(|j| sc[j] as i32 * (g[2 * j] + g[2 * j + 1])).sum();
+                let summ: i32 = (2 * c..2 * c + 2).map(|j| mins[j] as i32 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32)).sum();
+                acc = (isum as f32).mul_add(dd, acc);
+                acc_min = (summ as f32).mul_add(dm, acc_min);
+            }
+        } else {
+            let (isum, summ) = int_sums_scale_min(&wb.scales, &wb.quants(), &ab);
+            acc = (isum as f32).mul_add(dd, acc);
+            acc_min = (summ as f32).mul_add(dm, acc_min);
+        }
+    }
+    acc - acc_min
 }
 
 impl QuantBlock for BlockQ2K {

@@ -222,11 +222,22 @@ pub fn vec_dot_in(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8])
         Q8_1 => rows::vec_dot::<BlockQ8_1>(order, nb, w, act),
         Q2_K => rows::vec_dot::<BlockQ2K>(order, nb, w, act),
         Q3_K => rows::vec_dot::<BlockQ3K>(order, nb, w, act),
-        Q4_K => rows::vec_dot::<BlockQ4K>(order, nb, w, act),
+        Q4_K => kquants::vec_dot_q4_k(nb, w, act, false),
         Q5_K => rows::vec_dot::<BlockQ5K>(order, nb, w, act),
-        Q6_K => rows::vec_dot::<BlockQ6K>(order, nb, w, act),
+        Q6_K => kquants::vec_dot_q6_k(nb, w, act),
         Q8_K => rows::vec_dot::<BlockQ8K>(order, nb, w, act),
     }
+}
+
+/// [`vec_dot_in`] for an activation row that llama.cpp multiplies in a group of four rows:
+/// the same, but for `Q4_K`, whose repacked x86 kernels add such a row's sums per 64
+/// elements (see `kquants::vec_dot_q4_k`).
+pub fn vec_dot_grouped(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8]) -> f32 {
+    if ty != GgmlType::Q4_K {
+        return vec_dot_in(order, ty, n, w, act);
+    }
+    assert!(n.is_multiple_of(ty.block_size()) && w.len() >= row_bytes(ty, n) && act.len() >= row_bytes(ty.activation_type(), n), "Q4_K dot of {n} elements: rows too short");
+    kquants::vec_dot_q4_k(n / ty.block_size(), w, act, true)
 }
 
 /// Add one block's contribution to a dot product: `w` is one block of `ty`, `a` one block

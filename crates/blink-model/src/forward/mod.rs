@@ -185,6 +185,7 @@ impl Model {
             scratch.logit_rows.clear();
             return Err(e);
         }
+        Self::group_rows(rows, scratch);
 
         // Positions must continue each sequence; `next` tracks the expected one.
         let next = &mut scratch.next_pos;
@@ -228,6 +229,26 @@ impl Model {
             scratch.lora_groups.clear();
         }
         result
+    }
+
+    /// Mark the rows whose products llama.cpp computes in groups of four (see
+    /// [`Scratch`]'s `grouped_rows`). Rows of the same sequence that want logits are
+    /// counted in step order.
+    fn group_rows(rows: &[StepRow], scratch: &mut Scratch) {
+        scratch.grouped_rows.clear();
+        scratch.grouped_rows.extend(rows.iter().map(|r| r.grouped));
+        scratch.grouped_out.clear();
+        for (i, r) in rows.iter().enumerate() {
+            let grouped = r.logits && {
+                let same = |o: &&StepRow| o.logits && o.seq == r.seq;
+                let (before, m) = (rows[..i].iter().filter(same).count(), rows.iter().filter(same).count());
+                before < m - m % 4
+            };
+            scratch.grouped_out.push(grouped);
+        }
+        scratch.grouped_logits.clear();
+        let out = &scratch.grouped_out;
+        scratch.grouped_logits.extend(scratch.logit_rows.iter().map(|&i| out[i]));
     }
 
     /// Check the rows' adapter slots and group the rows that run with an adapter by slot

@@ -46,6 +46,13 @@ pub struct Scratch {
     pub(super) logits: Vec<f32>,
     /// Indices of the rows with logits, in order (filled per step).
     pub(super) logit_rows: Vec<usize>,
+    /// Which rows' products llama.cpp computes in groups of four (filled per step): every
+    /// row's as it asks (`StepRow::grouped`), the last layer's FFN's (which llama.cpp runs
+    /// on the rows that want logits only: a sequence's such rows by fours, the last
+    /// `m % 4` alone), and the LM head's (the same, by logit row).
+    pub(super) grouped_rows: Vec<bool>,
+    pub(super) grouped_out: Vec<bool>,
+    pub(super) grouped_logits: Vec<bool>,
     /// Per-sequence expected next position while validating a step.
     pub(super) next_pos: Vec<usize>,
     /// The step's block tables, copied when it was checked.
@@ -82,7 +89,7 @@ impl Scratch {
             .next_multiple_of(64);
         // No buffer is wider than this per row: sizes whose products overflow are refused
         // before anything is allocated.
-        let widest = [cfg.n_embd, cfg.q_dim(), cfg.n_ff, cfg.vocab_size, cfg.rope.n_dims].into_iter().max().unwrap_or(0) * 4 + act_stride;
+        let widest = [cfg.n_embd, cfg.q_dim(), cfg.n_ff, cfg.vocab_size, cfg.rope_width()].into_iter().max().unwrap_or(0) * 4 + act_stride;
         let too_large = || ModelError::Memory(NumaError::TooLarge { len: max_rows, elem_size: widest });
         max_rows.checked_mul(widest).filter(|&b| b <= isize::MAX as usize).ok_or_else(too_large)?;
         let placement = model.placement();
@@ -100,7 +107,7 @@ impl Scratch {
                     gate: f(max_rows * cfg.n_ff)?,
                     up: f(max_rows * cfg.n_ff)?,
                     act: Storage::<u8>::zeroed(max_rows * act_stride, home)?,
-                    rope: f(max_rows * cfg.rope.n_dims)?,
+                    rope: f(max_rows * cfg.rope_width())?,
                     qh: f(n_threads * cfg.head_dim)?,
                     lora_t: f(0)?,
                 })
@@ -120,6 +127,9 @@ impl Scratch {
             parts,
             logits,
             logit_rows: Vec::with_capacity(max_rows),
+            grouped_rows: Vec::with_capacity(max_rows),
+            grouped_out: Vec::with_capacity(max_rows),
+            grouped_logits: Vec::with_capacity(max_rows),
             next_pos: Vec::new(),
             // Room for every row to be its own sequence at the longest context.
             tables: TableSnapshot::with_capacity(max_rows * max_ctx.div_ceil(crate::kv_cache::BLOCK_TOKENS)),

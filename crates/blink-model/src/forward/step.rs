@@ -43,22 +43,26 @@ pub struct StepRow {
     /// The adapter this row runs with; `None` is the base model.
     pub adapter: Option<AdapterSlot>,
     pub kind: RowKind,
+    /// A prompt row that llama.cpp multiplies in a group of four rows (its position's four
+    /// lie within the prompt, which it evaluates in one batch): set so that `Q4_K`
+    /// matrices give its bits (see `blink_kernels::quant::vec_dot_grouped`).
+    pub grouped: bool,
 }
 
 impl StepRow {
     /// A prompt token, without logits.
     pub fn prompt(token: u32, pos: usize, seq: SeqId) -> StepRow {
-        StepRow { token: Some(token), pos, seq, logits: false, adapter: None, kind: RowKind::Prompt }
+        StepRow { token: Some(token), pos, seq, logits: false, adapter: None, kind: RowKind::Prompt, grouped: false }
     }
 
     /// A generated token fed back, with logits.
     pub fn decode(token: u32, pos: usize, seq: SeqId) -> StepRow {
-        StepRow { token: Some(token), pos, seq, logits: true, adapter: None, kind: RowKind::Decode }
+        StepRow { token: Some(token), pos, seq, logits: true, adapter: None, kind: RowKind::Decode, grouped: false }
     }
 
     /// A row whose input is a hidden state (a window after the first), of `kind`.
     pub fn hidden(pos: usize, seq: SeqId, kind: RowKind) -> StepRow {
-        StepRow { token: None, pos, seq, logits: false, adapter: None, kind }
+        StepRow { token: None, pos, seq, logits: false, adapter: None, kind, grouped: false }
     }
 
     pub fn with_logits(self, logits: bool) -> StepRow {
@@ -71,6 +75,16 @@ impl StepRow {
 
     pub fn with_kind(self, kind: RowKind) -> StepRow {
         StepRow { kind, ..self }
+    }
+
+    pub fn with_grouped(self, grouped: bool) -> StepRow {
+        StepRow { grouped, ..self }
+    }
+
+    /// A prompt row at `pos` of a prompt of `len` tokens, marked grouped as llama.cpp
+    /// evaluates such a prompt: in fours, the last `len % 4` rows alone.
+    pub fn in_prompt_of(self, len: usize) -> StepRow {
+        StepRow { grouped: self.pos < len - len % 4, ..self }
     }
 }
 

@@ -170,6 +170,10 @@ impl<H: Deref<Target = Model>> Trainer<H> {
         if w.layers.iter().flatten().any(|l| l.q_norm.is_some() || l.k_norm.is_some()) {
             return Err(TrainError::Unsupported(format!("the per-head Q/K norms of {}", cfg.arch.name())));
         }
+        // The backward pass is Llama's: a family with more in its blocks is refused by name.
+        if cfg.post_norms || cfg.ffn_act != crate::config::FfnAct::Silu || cfg.embd_scale.is_some() || cfg.sliding.is_some() || cfg.logit_softcap.is_some() || cfg.query_scale.is_some() {
+            return Err(TrainError::Unsupported(format!("the blocks of {} (norms after attention and the FFN, GeGLU, local layers)", cfg.arch.name())));
+        }
         let max_tokens = max_tokens.max(1);
         let arena = Arena::new(cfg, max_tokens, &ranks)
             .map_err(|_| TrainError::Memory { what: "saved activations", bytes: max_tokens * buffers::saved_per_token(cfg, &ranks) * cfg.n_layers * 4 })?;

@@ -96,6 +96,16 @@ pub fn main(args: Args) -> CliResult {
             RopeScaling::Yarn { factor, original_ctx, .. } => format!("yarn ×{factor} (trained at {original_ctx})"),
         }
     )?;
+    if let Some(sw) = &cfg.sliding {
+        let local = sw.layers.iter().filter(|&&l| l).count();
+        outln!("sliding window:  {} tokens on {local} of {} layers (rope base {})", sw.window, cfg.n_layers, sw.rope.freq_base)?;
+    }
+    if cfg.post_norms || cfg.ffn_act != blink_model::config::FfnAct::Silu {
+        outln!("blocks:          {}{}", if cfg.post_norms { "norms after attention and the FFN, " } else { "" }, match cfg.ffn_act {
+            blink_model::config::FfnAct::Silu => "SwiGLU",
+            blink_model::config::FfnAct::GeluTanh => "GeGLU (tanh GELU)",
+        })?;
+    }
     outln!("rms norm eps:    {:e}", cfg.norm_eps)?;
     outln!("tied output:     {}", file.tensor("output.weight").is_none())?;
     outln!("tensors:         {} — {}", file.tensors().len(), types.join(", "))?;

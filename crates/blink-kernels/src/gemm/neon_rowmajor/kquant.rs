@@ -30,6 +30,12 @@ trait KQuant {
     const DMIN: Option<usize>;
     /// Elements per scale (16 or 32).
     const SUB: usize;
+    /// Whether the block values are not summed but chained into two FMAs (`Q4_K`, see
+    /// `quant::kquants::vec_dot_q4_k`).
+    const CHAINED: bool = false;
+    /// Whether each output keeps eight integer lanes apart in eight float lanes to the end
+    /// (`Q6_K`, see `quant::kquants::vec_dot_q6_k`).
+    const LANES: bool = false;
 
     /// The 256 quants in element order, sixteen per vector.
     unsafe fn quants(w: *const u8) -> [int8x16_t; 16];
@@ -146,6 +152,7 @@ impl KQuant for Q4K {
     const D: usize = 0;
     const DMIN: Option<usize> = Some(2);
     const SUB: usize = 32;
+    const CHAINED: bool = true;
 
     #[inline(always)]
     unsafe fn quants(w: *const u8) -> [int8x16_t; 16] {
@@ -187,6 +194,7 @@ impl KQuant for Q6K {
     const D: usize = 208;
     const DMIN: Option<usize> = None;
     const SUB: usize = 16;
+    const LANES: bool = true;
 
     #[inline(always)]
     unsafe fn quants(w: *const u8) -> [int8x16_t; 16] {
@@ -223,8 +231,11 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 
 /// One tile: `NR` weight rows × `NA` activation rows over `nb` blocks.
 #[inline(always)]
-unsafe fn kquant_tile<K: KQuant, const NR: usize, const NA: usize>(nb: usize, w: [*const u8; NR], a: [*const u8; NA]) -> [[f32; NA]; NR] {
+unsafe fn kquant_tile<K: KQuant, const NR: usize, const NA: usize>(nb: usize, w: [*const u8; NR], a: [*const u8; NA], grouped: [bool; NA]) -> [[f32; NA]; NR] {
     let mut sums = [[0f32; NA]; NR];
+    let mut sums_min = [[0f32; NA]; NR];
+    // Per output, eight float lanes (`LANES` formats only).
+    let mut lanes8 = [[[0f32; 8]; NA]; NR];
     for b in 0..nb {
         let ab: [*const u8; NA] = from_fn(|j| a[j].add(b * ACT_BYTES));
         for i in 0..NR {
@@ -236,52 +247,107 @@ unsafe fn kquant_tile<K: KQuant, const NR: usize, const NA: usize>(nb: usize, w:
             let dmin = K::DMIN.map(|at| f16_at(wb.add(at)));
             for j in 0..NA {
                 let aq = ab[j].add(ACT_QS);
-                let mut lanes = vdupq_n_s32(0);
+                if K::LANES {
+                    // Scalar: lane k sums scale·(q + 32)·a over elements 4k..4k + 4 of every
+                    // 32-element piece: lanes 0..4 from the even 16-element groups, 4..8
+                    // from the odd ones; less 32·scale·bsum of groups 2k, 2k + 1.
+                    let mut halves = [vdupq_n_s32(0); 2];
+                    for (g, &qv) in q.iter().enumerate() {
+                        let dot = sdot(vdupq_n_s32(0), vaddq_s8(qv, vdupq_n_s8(32)), vld1q_s8(aq.add(16 * g) as *const i8));
+                        halves[g % 2] = vmlaq_n_s32(halves[g % 2], dot, sc[g]);
+                    }
+                    let mut l = [0i32; 8];
+                    vst1q_s32(l.as_mut_ptr(), halves[0]);
+                    vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
+                    let bsum = |k: usize| (ab[j].add(ACT_BSUMS + 2 * k) as *const i16).read_unaligned() as i32;
+                    let da = (ab[j] as *const f32).read_unaligned();
+                    for (k, acc) in lanes8[i][j].iter_mut().enumerate() {
+                        let lane = l[k] - 32 * (bsum(2 * k) * sc[2 * k] + bsum(2 * k + 1) * sc[2 * k + 1]);
+                        *acc = (da * d).mul_add(lane as f32, *acc);
+                    }
+                    continue;
+                }
+                // Per 64-element piece when the row is computed as in a group of four.
+                let pieces = K::CHAINED && grouped[j];
+                let mut lanes = [vdupq_n_s32(0); 4];
                 let per = K::SUB / 16;
                 for (g, &s) in sc.iter().enumerate().take(256 / K::SUB) {
                     let mut dot = vdupq_n_s32(0);
                     for (v, &qv) in q.iter().enumerate().skip(per * g).take(per) {
                         dot = sdot(dot, qv, vld1q_s8(aq.add(16 * v) as *const i8));
                     }
-                    lanes = vmlaq_n_s32(lanes, dot, s);
+                    let at = if pieces { g * K::SUB / 64 } else { 0 };
+                    lanes[at] = vmlaq_n_s32(lanes[at], dot, s);
                 }
-                let isum = vaddvq_s32(lanes);
+                let isums = lanes.map(|l| vaddvq_s32(l));
+                let isum = isums.iter().sum::<i32>();
                 let da = (ab[j] as *const f32).read_unaligned();
-                // Scalar: d·d_a·(isum as f32) [- dmin·d_a·(summ as f32)], products left to right.
-                let mut v = d * da * isum as f32;
-                if let Some(dmin) = dmin {
+                if let (true, Some(dmin)) = (pieces, dmin) {
+                    // Scalar, grouped: per piece c, fma(isum_c, d·d_a, ·) and fma(summ_c,
+                    // dmin·d_a, ·), summ_c over the piece's four 16-element sums.
+                    let bsum = |k: usize| (ab[j].add(ACT_BSUMS + 2 * k) as *const i16).read_unaligned() as i32;
+                    for (c, &ic) in isums.iter().enumerate() {
+                        let summ: i32 = (4 * c..4 * c + 4).map(|k| bsum(k) * mins[k] as i32).sum();
+                        sums[i][j] = (ic as f32).mul_add(d * da, sums[i][j]);
+                        sums_min[i][j] = (summ as f32).mul_add(dmin * da, sums_min[i][j]);
+                    }
+                    continue;
+                }
+                let summ = dmin.map(|_| {
                     let bsums = ab[j].add(ACT_BSUMS);
                     let b16 = [vreinterpretq_s16_u8(load(bsums)), vreinterpretq_s16_u8(load(bsums.add(16)))];
                     let prods = vmlal_high_s16(vmull_s16(vget_low_s16(b16[0]), vget_low_s16(m16[0])), b16[0], m16[0]);
                     let prods = vmlal_high_s16(vmlal_s16(prods, vget_low_s16(b16[1]), vget_low_s16(m16[1])), b16[1], m16[1]);
-                    v -= dmin * da * vaddvq_s32(prods) as f32;
+                    vaddvq_s32(prods) as f32
+                });
+                match (dmin, summ) {
+                    // Scalar: fma(isum, d·d_a, sum) and fma(summ, dmin·d_a, sum_min).
+                    (Some(dmin), Some(summ)) if K::CHAINED => {
+                        sums[i][j] = (isum as f32).mul_add(d * da, sums[i][j]);
+                        sums_min[i][j] = summ.mul_add(dmin * da, sums_min[i][j]);
+                    }
+                    // Scalar: d·d_a·(isum as f32) [- dmin·d_a·(summ as f32)], products left
+                    // to right.
+                    (Some(dmin), Some(summ)) => sums[i][j] += d * da * isum as f32 - dmin * da * summ,
+                    _ => sums[i][j] += d * da * isum as f32,
                 }
-                sums[i][j] += v;
             }
+        }
+    }
+    if K::CHAINED {
+        for (s, m) in sums.iter_mut().flatten().zip(sums_min.iter().flatten()) {
+            *s -= m;
+        }
+    }
+    if K::LANES {
+        for (s, l) in sums.iter_mut().flatten().zip(lanes8.iter().flatten()) {
+            *s = crate::quant::reduce::hsum8(l);
         }
     }
     sums
 }
 
 #[inline(always)]
-unsafe fn kquant_gemm<K: KQuant>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn kquant_gemm<K: KQuant>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) {
     assert!(cols % 256 == 0, "k-quant rows are whole super-blocks");
     let nb = cols / 256;
     let rb = nb * K::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + nb * ACT_BYTES, "activations too short");
-    drive::<1, 4, 1>(rb, w, rows, act, act_stride, n_act, out, |w, a| kquant_tile::<K, 1, 4>(nb, w, a), |w, a| kquant_tile::<K, 1, 1>(nb, w, a));
+    // An activation row's flag, found from its address.
+    let flag = |p: *const u8| grouped.get((p as usize - act.as_ptr() as usize) / act_stride.max(1)).copied().unwrap_or(false);
+    drive::<1, 4, 1>(rb, w, rows, act, act_stride, n_act, out, |w, a| kquant_tile::<K, 1, 4>(nb, w, a, a.map(flag)), |w, a| kquant_tile::<K, 1, 1>(nb, w, a, a.map(flag)));
 }
 
 /// Run the kernel for `ty`; false if `ty` is not a k-quant.
 #[inline(always)]
-pub(super) unsafe fn gemm(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+pub(super) unsafe fn gemm(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) -> bool {
     match ty {
-        GgmlType::Q2_K => kquant_gemm::<Q2K>(cols, w, rows, act, act_stride, n_act, out),
-        GgmlType::Q3_K => kquant_gemm::<Q3K>(cols, w, rows, act, act_stride, n_act, out),
-        GgmlType::Q4_K => kquant_gemm::<Q4K>(cols, w, rows, act, act_stride, n_act, out),
-        GgmlType::Q5_K => kquant_gemm::<Q5K>(cols, w, rows, act, act_stride, n_act, out),
-        GgmlType::Q6_K => kquant_gemm::<Q6K>(cols, w, rows, act, act_stride, n_act, out),
+        GgmlType::Q2_K => kquant_gemm::<Q2K>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::Q3_K => kquant_gemm::<Q3K>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::Q4_K => kquant_gemm::<Q4K>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::Q5_K => kquant_gemm::<Q5K>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::Q6_K => kquant_gemm::<Q6K>(cols, w, rows, act, act_stride, n_act, grouped, out),
         _ => return false,
     }
     true

@@ -1,8 +1,9 @@
 //! The attention block of a layer, as phases the driver separates with barriers: the
 //! Q/K/V projections with their biases, norms and rope and the cache stores
 //! (`attention_in`), the exchange of queries between parts sharing a key/value head
-//! (`share_queries`), causal attention over the cache (`attend`) and the output
-//! projection into the residual stream (`attention_out`).
+//! (`share_queries`), causal attention over the cache, within a sliding window on a
+//! model's local layers (`attend`), and the output projection into the residual stream
+//! (`attention_out`).
 
 use blink_kernels::attention::{self, Online};
 use blink_runtime::numa::NodeWorker;
@@ -28,15 +29,17 @@ impl<T: StoreOf> Pass<'_, T> {
         let q = (&lw.wq, &me.q, qc, Write::Set, Some((layer, LoraTarget::Q)));
         let k = (&lw.wk, &me.k, kc, Write::Set, Some((layer, LoraTarget::K)));
         let v = (&lw.wv, &me.v, kc, Write::Set, Some((layer, LoraTarget::V)));
-        self.project(w, me, &me.xn, cfg.n_embd, n, &[q, k, v]);
+        self.project(w, me, &me.xn, (cfg.n_embd, n), self.grouped_rows, &[q, k, v]);
         self.qkv_post(w, me, layer, lw);
     }
 
-    /// The output projection: the part's rows of the residual stream.
+    /// The output projection: the part's rows of the residual stream (or of `xn`, when the
+    /// model norms the block's output before adding it).
     pub(super) fn attention_out(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let cfg = &self.model.cfg;
-        let out = (&lw.wo, &me.x, me.part.embd_rows.start, Write::Add, Some((layer, LoraTarget::O)));
-        self.project(w, me, &me.attn, cfg.q_dim(), self.rows.len(), &[out]);
+        let (x, mode) = if cfg.post_norms { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
+        let out = (&lw.wo, x, me.part.embd_rows.start, mode, Some((layer, LoraTarget::O)));
+        self.project(w, me, &me.attn, (cfg.q_dim(), self.rows.len()), self.grouped_rows, &[out]);
     }
 
     /// Biases, Q/K norms and rotary embedding of the part's heads; then its K and V go into
@@ -75,8 +78,15 @@ impl<T: StoreOf> Pass<'_, T> {
             }
             // SAFETY: written before the pass's first barrier.
             let angles = unsafe { me.rope.row(r) };
+            let (rope, angles) = match &self.model.rope_local {
+                Some(local) if cfg.is_local(layer) => (local, &angles[cfg.rope.n_dims..]),
+                _ => (rope, angles),
+            };
             q.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
             k.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
+            if let Some(s) = cfg.query_scale {
+                q.iter_mut().for_each(|x| *x *= s);
+            }
 
             for h in 0..kr.len() {
                 let at = slot_at(r, h);
@@ -123,7 +133,10 @@ impl<T: StoreOf> Pass<'_, T> {
         let cfg = &self.model.cfg;
         let hd = cfg.head_dim;
         let group = cfg.n_head / cfg.n_head_kv;
-        let scale = 1.0 / (hd as f32).sqrt();
+        // Queries already scaled (Gemma) meet unscaled scores.
+        let scale = if cfg.query_scale.is_some() { 1.0 } else { 1.0 / (hd as f32).sqrt() };
+        // A local layer's query sees its last `window` positions only.
+        let window = cfg.sliding.as_ref().filter(|_| cfg.is_local(layer)).map(|s| s.window);
         // SAFETY: per-thread scratch row.
         let qh = unsafe { me.qh.row_mut(w.tid_in_node) };
         // A whole group's rounded queries and softmax states (on the stack: decoding does
@@ -166,15 +179,19 @@ impl<T: StoreOf> Pass<'_, T> {
         // requests holds every miss buffer (with both at once, 16 rows attending 512
         // cached tokens ran 1-4% slower).
         let n_pos = |r: usize| self.rows[r].pos + 1;
+        // The first position row `r` sees.
+        let first_pos = |r: usize| window.map_or(0, |w| n_pos(r).saturating_sub(w));
         // SAFETY: the cache is read-only in this phase.
         let block = |r: usize, h: usize, b: usize| unsafe {
             let n = (n_pos(r) - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
+            let skip = first_pos(r).saturating_sub(b * BLOCK_TOKENS);
             let kvh = h / group - me.part.kv_heads.start;
             let at = me.layout.offset(layer, self.tables.get(self.rows[r].seq)[b], kvh, 0);
-            (me.kc.slice(at..at + n * hd), me.vc.slice(at..at + n * hd), n)
+            (me.kc.slice(at + skip * hd..at + n * hd), me.vc.slice(at + skip * hd..at + n * hd), n - skip)
         };
+        let first_block = |r: usize| first_pos(r) / BLOCK_TOKENS;
         let fetch_start = |r: usize, h: usize| {
-            for b in 0..PREFETCH_BLOCKS.min(n_pos(r).div_ceil(BLOCK_TOKENS)) {
+            for b in first_block(r)..(first_block(r) + PREFETCH_BLOCKS).min(n_pos(r).div_ceil(BLOCK_TOKENS)) {
                 let (keys, values, _) = block(r, h, b);
                 attention::prefetch(keys, values);
             }
@@ -198,7 +215,7 @@ impl<T: StoreOf> Pass<'_, T> {
             let states = &mut states[..heads];
             states.fill(Online::default());
             let blocks = n_pos(r).div_ceil(BLOCK_TOKENS);
-            for b in 0..blocks {
+            for b in first_block(r)..blocks {
                 let ahead = (b + PREFETCH_BLOCKS < blocks).then(|| block(r, h, b + PREFETCH_BLOCKS));
                 if let Some((keys, _, _)) = ahead {
                     attention::prefetch::<T>(keys, &[]);

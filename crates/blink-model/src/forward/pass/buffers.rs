@@ -99,6 +99,8 @@ pub(super) enum Shared {
     Residual,
     /// The FFN activations (`gate` after SwiGLU).
     Ffn,
+    /// A block's output before its norm (`xn`, for models that norm it).
+    BlockOut,
 }
 
 impl<T: KvElem> PartView<'_, T> {
@@ -106,6 +108,7 @@ impl<T: KvElem> PartView<'_, T> {
         match which {
             Shared::Residual => &self.x,
             Shared::Ffn => &self.gate,
+            Shared::BlockOut => &self.xn,
         }
     }
 }

@@ -1,12 +1,14 @@
 //! The FFN block of a layer, as phases the driver separates with barriers: norm, the
-//! part's rows of the gate and up projections and SwiGLU on them (`ffn_in`), then the
-//! down projection into the residual stream (`ffn_out`).
+//! part's rows of the gate and up projections and SwiGLU (or GeGLU) on them (`ffn_in`),
+//! then the down projection into the residual stream (`ffn_out`), or into `xn` when the
+//! model norms the block's output before adding it (`add_normed`).
 
 use blink_runtime::numa::NodeWorker;
 use blink_kernels::ops;
 
 use super::buffers::{PartView, Write};
 use super::{Pass, StoreOf};
+use crate::config::FfnAct;
 use crate::lora::LoraTarget;
 use crate::weights::LayerWeights;
 
@@ -18,11 +20,15 @@ impl<T: StoreOf> Pass<'_, T> {
         let fc = me.part.ff_rows.start;
         let gate = (&lw.w_gate, &me.gate, fc, Write::Set, Some((layer, LoraTarget::Gate)));
         let up = (&lw.w_up, &me.up, fc, Write::Set, Some((layer, LoraTarget::Up)));
-        self.project(w, me, &me.xn, cfg.n_embd, n, &[gate, up]);
+        self.project(w, me, &me.xn, (cfg.n_embd, n), self.grouped_ffn(layer), &[gate, up]);
         for r in w.share(n, 1) {
             // SAFETY: rows are split between the node's threads; gate/up were completed
             // before the barrier that ended the projection.
-            unsafe { ops::swiglu(self.isa, me.gate.cols_mut(r, me.part.ff_rows.clone()), me.up.cols(r, me.part.ff_rows.clone())) };
+            let (gate, up) = unsafe { (me.gate.cols_mut(r, me.part.ff_rows.clone()), me.up.cols(r, me.part.ff_rows.clone())) };
+            match cfg.ffn_act {
+                FfnAct::Silu => ops::swiglu(self.isa, gate, up),
+                FfnAct::GeluTanh => blink_kernels::gelu::geglu(gate, up),
+            }
         }
     }
 
@@ -31,7 +37,8 @@ impl<T: StoreOf> Pass<'_, T> {
     /// (the same share as SwiGLU's), which it has just computed in full.
     pub(super) fn ffn_out(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let cfg = &self.model.cfg;
-        let down = (&lw.w_down, &me.x, me.part.embd_rows.start, Write::Add, Some((layer, LoraTarget::Down)));
-        self.project(w, me, &me.gate, cfg.n_ff, self.rows.len(), &[down]);
+        let (out, mode) = if cfg.post_norms { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
+        let down = (&lw.w_down, out, me.part.embd_rows.start, mode, Some((layer, LoraTarget::Down)));
+        self.project(w, me, &me.gate, (cfg.n_ff, self.rows.len()), self.grouped_ffn(layer), &[down]);
     }
 }

@@ -67,6 +67,11 @@ pub(super) struct Pass<'a, T: KvElem> {
     input: StepInput<'a>,
     output: StepOutput,
     logit_rows: &'a [usize],
+    /// Which rows llama.cpp computes in groups of four: every row's products, the last
+    /// layer's FFN's and the LM head's (see [`Scratch`]).
+    grouped_rows: &'a [bool],
+    grouped_out: &'a [bool],
+    grouped_logits: &'a [bool],
     views: [Option<PartView<'a, T>>; MAX_PARTS],
     n_parts: usize,
     logits: Buf<'a>,
@@ -109,7 +114,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                     gate: Buf::new(&mut ps.gate, cfg.n_ff),
                     up: Buf::new(&mut ps.up, cfg.n_ff),
                     act: SharedMut::new(&mut ps.act),
-                    rope: Buf::new(&mut ps.rope, cfg.rope.n_dims),
+                    rope: Buf::new(&mut ps.rope, cfg.rope_width()),
                     qh: Buf::new(&mut ps.qh, cfg.head_dim),
                     lora_t: Buf::new(&mut ps.lora_t, LORA_PRODUCTS * s.lora_stride),
                     kc: SharedMut::new(&mut store.k),
@@ -125,6 +130,9 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             input: step.input,
             output: step.output,
             logit_rows: &s.logit_rows,
+            grouped_rows: &s.grouped_rows,
+            grouped_out: &s.grouped_out,
+            grouped_logits: &s.grouped_logits,
             views,
             n_parts,
             logits: Buf::new(&mut s.logits, cfg.vocab_size),
@@ -143,6 +151,16 @@ impl<'a, T: StoreOf> Pass<'a, T> {
     /// [`NodePool::run_beside`]).
     pub(super) fn run_beside<R>(&self, pool: &NodePool, beside: impl FnOnce() -> R) -> (R, std::time::Duration) {
         pool.run_beside(|w| self.run_on(w, self.view(w.node)), beside)
+    }
+
+    /// The grouping of layer `layer`'s FFN products: llama.cpp runs the model's last
+    /// layer's FFN on the rows that want logits only.
+    fn grouped_ffn(&self, layer: usize) -> &'a [bool] {
+        if layer + 1 == self.model.cfg.n_layers {
+            self.grouped_out
+        } else {
+            self.grouped_rows
+        }
     }
 
     fn view(&self, part: usize) -> &PartView<'a, T> {
@@ -174,27 +192,69 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             self.attend(w, me, l);
             w.global_barrier();
             self.attention_out(w, me, l, lw);
-            if split {
-                self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
-                w.global_barrier();
-            }
+            self.join_residual(w, me, lw.attn_post_norm.as_deref());
             self.ffn_in(w, me, l, lw);
             if split {
                 self.broadcast(w, me, Shared::Ffn, me.part.ff_rows.clone());
                 w.global_barrier();
             }
             self.ffn_out(w, me, l, lw);
-            if split {
-                self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
-                w.global_barrier();
-            }
+            self.join_residual(w, me, lw.ffn_post_norm.as_deref());
+        }
+        if self.model.cfg.post_norms {
+            // The last block's output joined the stream row by row on each thread's share
+            // of the rows; the LM head's rows are shared out differently.
+            w.global_barrier();
         }
         // With `StepOutput::Hidden` the residual stream, whole in every part, is the output.
         let n_logits = self.logit_rows.len();
         if self.output == StepOutput::Logits && n_logits > 0 {
             self.norm_rows(w, me, &me.w.output_norm, n_logits, |i| self.logit_rows[i]);
             let vr = me.part.vocab_rows.start;
-            self.project(w, me, &me.xn, self.model.cfg.n_embd, n_logits, &[(&me.w.output, &self.logits, vr, Write::Set, None)]);
+            self.project(w, me, &me.xn, (self.model.cfg.n_embd, n_logits), self.grouped_logits, &[(&me.w.output, &self.logits, vr, Write::Set, None)]);
+            if let Some(cap) = self.model.cfg.logit_softcap {
+                self.soft_cap(w, me, n_logits, cap);
+            }
+        }
+    }
+
+    /// A block's output joins every part's residual stream: split, each part's columns go
+    /// to the others; with a post-norm (`post_norm`), the output was left in `xn`, whole
+    /// in every part once shared, and `x += rms_norm(xn) · post_norm` on each part's copy.
+    fn join_residual(&self, w: &NodeWorker, me: &PartView<T>, post_norm: Option<&[f32]>) {
+        let split = self.n_parts > 1;
+        let Some(weight) = post_norm else {
+            if split {
+                self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
+                w.global_barrier();
+            }
+            return;
+        };
+        if split {
+            self.broadcast(w, me, Shared::BlockOut, me.part.embd_rows.clone());
+            w.global_barrier();
+        }
+        let eps = self.model.cfg.norm_eps;
+        for r in w.share(self.rows.len(), 1) {
+            // SAFETY: xn is whole (the projection's barrier, or the broadcast's); the node's
+            // threads split the rows of x and xn, and the next phase reads the same rows on
+            // the same thread first.
+            unsafe {
+                let out = me.xn.row_mut(r);
+                ops::rms_norm_in_place(self.isa, out, weight, eps);
+                me.x.row_mut(r).iter_mut().zip(out.iter()).for_each(|(x, y)| *x += *y);
+            }
+        }
+    }
+
+    /// `cap · tanh(logit / cap)` on this part's vocabulary columns of the logit rows.
+    fn soft_cap(&self, w: &NodeWorker, me: &PartView<T>, n_logits: usize, cap: f32) {
+        let cols = me.part.vocab_rows.clone();
+        for r in w.share(n_logits, 1) {
+            // SAFETY: the projection's barrier ended it; this part's columns, rows split
+            // between its threads.
+            let row = unsafe { self.logits.cols_mut(r, cols.clone()) };
+            row.iter_mut().for_each(|v| *v = (*v * (1.0 / cap)).tanh() * cap);
         }
     }
 
@@ -227,6 +287,9 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             unsafe {
                 let out = me.x.row_mut(r);
                 me.w.token_embd.dequantize_row(token - vocab.start, out);
+                if let Some(scale) = self.model.cfg.embd_scale {
+                    out.iter_mut().for_each(|v| *v *= scale);
+                }
                 for other in self.others(w.node) {
                     other.x.row_mut(r).copy_from_slice(out);
                 }
@@ -244,11 +307,17 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         }
     }
 
-    /// The rope angles of every row's position, computed once for all layers.
+    /// The rope angles of every row's position, computed once for all layers (the local
+    /// layers' after the global ones', when they differ).
     fn rope_angles(&self, w: &NodeWorker, me: &PartView<T>) {
+        let n_dims = self.model.cfg.rope.n_dims;
         for r in w.share(self.rows.len(), 1) {
             // SAFETY: rope rows are split between the node's threads.
-            unsafe { self.model.rope.angles(self.rows[r].pos, me.rope.row_mut(r)) };
+            let row = unsafe { me.rope.row_mut(r) };
+            self.model.rope.angles(self.rows[r].pos, &mut row[..n_dims]);
+            if let Some(local) = &self.model.rope_local {
+                local.angles(self.rows[r].pos, &mut row[n_dims..]);
+            }
         }
     }
 

@@ -1,0 +1,127 @@
+//! `blink` on Gemma 3 270M (Q4_K_M, the PyPI file) against llama.cpp's outputs for it
+//! (testdata/golden/gemma-3-270m-q4_k_m.json): tokenization, greedy text up to the first
+//! near-tie (a 700-token prompt among them, past the local layers' window), perplexity
+//! within 1%; and the same text from tensor parallelism over two simulated NUMA nodes and
+//! from the server with requests batched together.
+
+mod support;
+
+use std::path::PathBuf;
+
+use support::*;
+
+fn gemma() -> PathBuf {
+    blink_model::fetch::ensure_model(&blink_model::fetch::GEMMA3_270M).expect("Gemma 3 270M is needed for these tests")
+}
+
+fn reference() -> serde_json::Value {
+    let path = repo_root().join("testdata/golden/gemma-3-270m-q4_k_m.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn greedy(model: &str, prompt: &str, extra: &[&str]) -> String {
+    let mut args = vec!["run", "-m", model, "--raw", "--temp", "0", "-n", "32", "--ignore-eos", "-c", "2048", "-t", THREADS, "-p", prompt];
+    args.extend(extra);
+    let out = blink(&args);
+    ok(&out);
+    stdout(&out)
+}
+
+#[test]
+fn tokenize_matches_llama_cpp() {
+    let model = gemma();
+    let model = model.to_str().unwrap();
+    for case in reference()["tokenize"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let out = blink(&["tokenize", "-m", model, "-p", text]);
+        ok(&out);
+        let ids: Vec<u64> = serde_json::from_str(stdout(&out).trim()).expect("a JSON array of ids");
+        let want: Vec<u64> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        // llama-tokenize gives nothing for an empty text; Blink gives its BOS alone.
+        let want = if text.is_empty() { vec![2] } else { want };
+        assert_eq!(ids, want, "tokenize {text:?}");
+    }
+}
+
+#[test]
+fn greedy_text_is_llama_cpps() {
+    let model = gemma();
+    let model = model.to_str().unwrap();
+    let cases = reference()["greedy"].as_array().unwrap().clone();
+    assert!(cases.iter().any(|c| c["prompt_ids"].as_array().unwrap().len() > 512), "a prompt past the sliding window");
+    for case in &cases {
+        let prompt = case["prompt"].as_str().unwrap();
+        let owed = case["exact_text_owed"].as_str().unwrap();
+        let text = greedy(model, prompt, &[]);
+        assert!(text.starts_with(owed), "prompt {:?}\n  owed: {owed:?}\n  got:  {text:?}", &prompt[..prompt.len().min(60)]);
+        // Split over two simulated NUMA nodes, the same bits.
+        if prompt.len() < 200 {
+            assert_eq!(greedy(model, prompt, &["--numa-nodes", "2"]), text, "two nodes, prompt {prompt:?}");
+        }
+    }
+}
+
+#[test]
+fn perplexity_is_within_one_percent_of_llama_cpp() {
+    let model = gemma();
+    let r = reference();
+    let case = &r["perplexity"][0];
+    let file = repo_root().join("testdata/golden").join(case["name"].as_str().unwrap());
+    let ctx = case["ctx"].as_u64().unwrap().to_string();
+    let out = blink(&["perplexity", "-m", model.to_str().unwrap(), "-f", file.to_str().unwrap(), "-c", &ctx, "-t", THREADS]);
+    ok(&out);
+    let text = stdout(&out);
+    let ppl: f64 = text.lines().last().and_then(|l| l.split("PPL = ").nth(1)).and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok()).expect("a PPL line");
+    let want = case["ppl"].as_f64().unwrap();
+    eprintln!("gemma 3 perplexity: blink {ppl:.4}, llama.cpp {want:.4}");
+    assert!((ppl - want).abs() / want < 0.01, "PPL {ppl} vs llama.cpp {want}");
+}
+
+#[test]
+fn info_names_the_gemma_blocks() {
+    let out = blink(&["info", "-m", gemma().to_str().unwrap()]);
+    ok(&out);
+    let text = stdout(&out);
+    for needle in ["architecture:    gemma3", "sliding window:  512 tokens on 15 of 18 layers (rope base 10000)", "GeGLU", "Q4_K", "Q6_K"] {
+        assert!(text.contains(needle), "info lacks {needle:?}:\n{text}");
+    }
+}
+
+/// The server answers requests batched together with the text `run` gives each alone.
+#[test]
+fn the_server_batches_gemma_requests_without_changing_them() {
+    use std::io::BufRead;
+    let model = gemma();
+    let model = model.to_str().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_blink"))
+        .args(["serve", "-m", model, "--port", "0", "-t", THREADS, "-c", "1024"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut url = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut url).unwrap();
+    let url = url.trim().to_string();
+    let prompts = ["The capital of France is", "Once upon a time, there was a little", "def fibonacci(n):", "Water boils at a temperature of"];
+    let complete = |prompt: &str| -> String {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let client = blink_server::client::Client::new(&url).unwrap();
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": true});
+        let r = rt.block_on(client.post_json("/v1/completions", &body)).unwrap();
+        let v: serde_json::Value = r.json().unwrap();
+        v["choices"][0]["text"].as_str().unwrap_or_else(|| panic!("no text: {v}")).to_string()
+    };
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts.iter().map(|p| s.spawn(move || complete(p))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    for (p, got) in prompts.iter().zip(together) {
+        let out = blink(&["run", "-m", model, "--raw", "--temp", "0", "-n", "16", "--ignore-eos", "-t", THREADS, "-p", p]);
+        ok(&out);
+        // `run` ends its output with a newline.
+        assert_eq!(format!("{got}\n"), stdout(&out), "{p:?}: batched in the server vs alone");
+    }
+}

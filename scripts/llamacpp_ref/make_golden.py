@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Reference outputs of llama.cpp for a model other than the default, in the golden format
+of testdata/golden/README.md: tokenize, greedy (with top-2 margins and the exact text owed)
+and perplexity cases. Needs the build of README.md (llama-tokenize, llama-topk,
+llama-perplexity in /opt/llama.cpp/build/bin).
+
+usage: make_golden.py MODEL.gguf OUT.json [--ppl-text FILE] [--ctx 512]
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import tempfile
+
+BIN = os.environ.get("LLAMA_BIN", "/opt/llama.cpp/build/bin")
+TOKENIZE = ["The capital of France is", "Hello, world! 123", "  multiple   spaces\tand\nnewlines",
+            "naïve café — 東京 🚀", "<start_of_turn>user\nHi<end_of_turn>\n", "1234567890 3.14159",
+            "Don't stop: it's 9:45pm!", ""]
+GREEDY = ["The capital of France is", "Once upon a time, there was a little", "def fibonacci(n):",
+          "The three primary colors are", "Water boils at a temperature of",
+          "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"]
+N_PREDICT = 32
+NEAR_TIE = 0.01
+
+
+def run(args, **kw):
+    return subprocess.run(args, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def tokenize(model, text):
+    # Special tokens parsed, BOS as the model's metadata asks (llama-tokenize's defaults).
+    out = run([f"{BIN}/llama-tokenize", "-m", model, "-p", text, "--ids", "--log-disable"])
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def greedy(model, prompt):
+    with tempfile.NamedTemporaryFile("w", delete=False) as f:
+        f.write(prompt)
+    try:
+        lines = run([f"{BIN}/llama-topk", model, f.name, str(N_PREDICT), "2"]).splitlines()
+    finally:
+        os.unlink(f.name)
+    steps = [json.loads(l) for l in lines if l.startswith("{")]
+    ids = [s["id"] for s in steps]
+    margins = [round(s["top"][0][1] - s["top"][1][1], 4) for s in steps]
+    owed = next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(steps))
+    return ids, margins, owed, [s["piece"] for s in steps]
+
+
+def perplexity(model, text_file, ctx):
+    out = subprocess.run([f"{BIN}/llama-perplexity", "-m", model, "-f", text_file, "-c", str(ctx), "-t", "2"],
+                         capture_output=True, text=True, check=True)
+    log = out.stdout + out.stderr
+    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
+    chunks = re.search(r"calculating perplexity over (\d+) chunks", log)
+    return {"ctx": ctx, "ppl": float(m.group(1)), "ppl_stderr": float(m.group(2)), "chunks": int(chunks.group(1))}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--ppl-text")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--long-prompt-chars", type=int, default=0,
+                    help="also a greedy case whose prompt is the first N characters of the perplexity text")
+    a = ap.parse_args()
+    prompts = list(GREEDY)
+    if a.long_prompt_chars and a.ppl_text:
+        prompts.append(open(a.ppl_text, encoding="utf-8").read()[:a.long_prompt_chars])
+    sha = hashlib.sha256(open(a.model, "rb").read()).hexdigest()
+    doc = {"reference": "llama.cpp 0c1e57098 (vendored in llama-cpp-python 0.3.36), CPU build, 2 threads",
+           "model_sha256": sha, "tokenize": [], "greedy": [], "perplexity": []}
+    for text in TOKENIZE:
+        doc["tokenize"].append({"text": text, "ids": tokenize(a.model, text) if text else []})
+    for prompt in prompts:
+        ids, margins, owed, pieces = greedy(a.model, prompt)
+        doc["greedy"].append({"prompt": prompt, "prompt_ids": tokenize(a.model, prompt), "n_predict": N_PREDICT,
+                              "ids": ids, "text": "".join(pieces), "top2_logprob_margin": margins,
+                              "exact_tokens_owed": owed, "exact_text_owed": "".join(pieces[:owed])})
+    if a.ppl_text:
+        case = perplexity(a.model, a.ppl_text, a.ctx)
+        doc["perplexity"].append({"name": os.path.basename(a.ppl_text), **case})
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
