@@ -9,7 +9,7 @@
 use half::f16;
 
 use super::blocks::{Block, BlockQ8K, BlockQ8_0, BlockQ8_1, QK32};
-use super::numeric::{absmax, nearest_int, signed_absmax};
+use super::numeric::{absmax, nearest_int, round_even, signed_absmax};
 use super::rows::QuantBlock;
 use blink_gguf::QK_K;
 
@@ -19,7 +19,7 @@ fn quantize_q8_x86(x: &[f32]) -> (f32, [i8; QK32]) {
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     // `_mm256_cvtps_epi32` then saturating packs: clamp to the i8 range.
-    let qs = std::array::from_fn(|j| (x[j] * id).round_ties_even().clamp(-128.0, 127.0) as i8);
+    let qs = std::array::from_fn(|j| round_even(x[j] * id).clamp(-128.0, 127.0) as i8);
     (d, qs)
 }
 

@@ -5,7 +5,20 @@
 /// instead of producing garbage; ggml only calls it on values well inside `±2²²`.
 #[inline]
 pub fn nearest_int(x: f32) -> i32 {
-    x.round_ties_even() as i32
+    round_even(x) as i32
+}
+
+/// `x` rounded to nearest, ties to even, as `f32::round_ties_even` (which, on a build for
+/// baseline x86-64, is a call to libm's `rintf`): inside `±2²²` by ggml's addition of
+/// 1.5·2²³, exact there, and by the library outside.
+#[inline]
+pub fn round_even(x: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0;
+    if x.abs() < 4_194_304.0 {
+        ((x.abs() + SHIFT) - SHIFT).copysign(x)
+    } else {
+        x.round_ties_even()
+    }
 }
 
 /// The element with the largest magnitude, keeping its sign; the first one wins ties, and
@@ -66,5 +79,27 @@ mod tests {
         assert_eq!(trunc_clamp(16.9, 15), 15);
         assert_eq!(trunc_clamp(8.99, 15), 8);
         assert_eq!(trunc_clamp(-0.5, 15), 0);
+    }
+}
+
+#[cfg(test)]
+mod round_tests {
+    use super::*;
+
+    #[test]
+    fn round_even_is_round_ties_even() {
+        let mut s = 0x9e37_79b9u32;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            let x = f32::from_bits(s);
+            if x.is_finite() {
+                assert_eq!(round_even(x).to_bits(), x.round_ties_even().to_bits(), "{x}");
+            }
+        }
+        for x in [0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 4194303.5, -0.0, 0.0, 1e-30] {
+            assert_eq!(round_even(x), x.round_ties_even(), "{x}");
+        }
     }
 }

@@ -27,7 +27,7 @@ impl<T: StoreOf> Pass<'_, T> {
             let (gate, up) = unsafe { (me.gate.cols_mut(r, me.part.ff_rows.clone()), me.up.cols(r, me.part.ff_rows.clone())) };
             match cfg.ffn_act {
                 FfnAct::Silu => ops::swiglu(self.isa, gate, up),
-                FfnAct::GeluTanh => blink_kernels::gelu::geglu(gate, up),
+                FfnAct::GeluTanh => blink_kernels::gelu::geglu(self.isa, gate, up),
             }
         }
     }
