@@ -3,7 +3,8 @@
 //! logits(base)`, matches the reference effect (most of the Q4_1 kernels' error cancels in
 //! the difference); the top-1 token matches where the reference is not near a tie; the
 //! llama.cpp GGUF conversions give the PEFT directories' logits bit for bit; and a row's
-//! result does not depend on the adapters of the rows beside it, flat and tensor parallel.
+//! result does not depend on the adapters of the rows beside it, flat and tensor parallel
+//! (the default model, and Gemma 3 with a random adapter).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -329,4 +330,31 @@ fn a_placed_adapter_gives_back_its_pairs() {
             }
         }
     }
+}
+
+/// Gemma 3 (the PyPI file) with a random adapter on every projection: the adapter changes
+/// its rows' logits, and each sequence gets alone, bit for bit, what it gets batched with
+/// sequences of the base model; over two simulated NUMA nodes too.
+#[test]
+fn gemma3_rows_with_adapters_do_not_depend_on_their_batch_mates() {
+    use blink_model::lora::{LoraTarget, LoraTensors};
+    let path = blink_model::fetch::ensure_model(&blink_model::fetch::GEMMA3_270M).expect("Gemma 3 270M is needed for this test");
+    let file = Arc::new(GgufFile::open(path).unwrap());
+    let run = |model: &Model, pool: &NodePool| {
+        let tensors = LoraTensors::random(&model.cfg, 4, 8.0, &LoraTarget::ALL, 0.05, 7);
+        let mix = Arc::new(LoraMix::single(Arc::new(model.place_lora(&tensors).unwrap())));
+        let prompt = |i: u32| vec![2, 818 + i, 5279, 529, 7001, 563];
+        let prompts: Vec<(Vec<u32>, Option<Arc<LoraMix>>)> = vec![(prompt(0), None), (prompt(0), Some(mix.clone())), (prompt(1), Some(mix.clone())), (prompt(2), None)];
+        let together = generate_together(model, pool, &prompts, 3);
+        assert!(together[0] != together[1], "the adapter must change the logits of its rows");
+        for (i, p) in prompts.iter().enumerate() {
+            let alone = generate_together(model, pool, std::slice::from_ref(p), 3).remove(0);
+            assert!(alone == together[i], "sequence {i}: its logits in the batch differ from its logits alone");
+        }
+        together
+    };
+    let flat = Model::from_gguf(file.clone()).unwrap();
+    let flat_result = run(&flat, &flat.pool(2).unwrap());
+    let split = Model::from_gguf_placed(file, &TensorPlacement::tensor_parallel(Topology::simulated(2), 2)).unwrap();
+    assert!(run(&split, &split.pool(2).unwrap()) == flat_result, "two simulated nodes differ from the flat model");
 }

@@ -564,3 +564,23 @@ fn adapters_on_a_ring() {
     assert_eq!(a.log().matches("let go of adapter").count(), 1, "only the unloaded adapter is let go:\n{}", a.log());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Gemma 3 on a ring (two rounds of windows over three processes): its local layers, the
+/// norms after its blocks and the rows llama.cpp computes in fours (flags that travel with
+/// each row) give one process's text.
+#[test]
+fn gemma3_runs_on_a_ring() {
+    let model = blink_model::fetch::ensure_model(&blink_model::fetch::GEMMA3_270M).expect("Gemma 3 270M is needed for this test");
+    let dir = temp_dir("gemma3");
+    let token = write_token(&dir, "ring.token", "a token shared by the whole ring\n");
+    let (a, b) = (Node::start(&token, &model), Node::start(&token, &model));
+    let file = cluster(&dir, "gemma.toml", &token, Some(3), &[(&a, 3), (&b, 3)], 2);
+    for prompt in ["Once upon a time, there was a little", "The three primary colors are"] {
+        let alone = greedy(&model, prompt, None);
+        ok(&alone);
+        let ring = greedy(&model, prompt, Some(&file));
+        ok(&ring);
+        assert_eq!(stdout(&ring), stdout(&alone), "{prompt:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
