@@ -36,6 +36,18 @@ def tokenize(model, text):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def end_ids(model):
+    """The ids generation stops at: EOS and the end-of-turn tokens the vocabulary has."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(BIN.rstrip("/")), "..", "source", "gguf-py"))
+    import gguf
+    r = gguf.GGUFReader(model)
+    ids = {int(r.fields["tokenizer.ggml.eos_token_id"].contents())}
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    ids |= {i for i, t in enumerate(tokens) if t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")}
+    return ids
+
+
 def greedy(model, prompt):
     with tempfile.NamedTemporaryFile("w", delete=False) as f:
         f.write(prompt)
@@ -44,6 +56,12 @@ def greedy(model, prompt):
     finally:
         os.unlink(f.name)
     steps = [json.loads(l) for l in lines if l.startswith("{")]
+    # Generation stops at an end token: its id is kept, its text left out.
+    ends = end_ids(model)
+    stop = next((i for i, s in enumerate(steps) if s["id"] in ends), None)
+    if stop is not None:
+        steps = steps[:stop + 1]
+        steps[stop]["piece"] = ""
     ids = [s["id"] for s in steps]
     margins = [round(s["top"][0][1] - s["top"][1][1], 4) for s in steps]
     owed = next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(steps))

@@ -19,6 +19,9 @@ pub enum Arch {
     /// Gemma 3: embeddings scaled by √d, Q/K norms, norms after attention and the FFN
     /// as well as before, GeGLU, and local sliding-window layers between global ones.
     Gemma3,
+    /// Granite: Llama with multipliers on the embeddings, the blocks' outputs, the
+    /// attention scores and the logits.
+    Granite,
 }
 
 impl Arch {
@@ -28,8 +31,9 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3" => Ok(Arch::Gemma3),
+            "granite" => Ok(Arch::Granite),
             other => Err(ModelError::Unsupported(format!(
-                "architecture '{other}' (supported: llama, qwen2, qwen3, gemma3)"
+                "architecture '{other}' (supported: llama, qwen2, qwen3, gemma3, granite)"
             ))),
         }
     }
@@ -41,6 +45,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Granite => "granite",
         }
     }
 }
@@ -127,6 +132,12 @@ pub struct ModelConfig {
     pub sliding: Option<SlidingWindow>,
     /// Logits pass through `cap · tanh(logit / cap)`.
     pub logit_softcap: Option<f32>,
+    /// A block's output is multiplied by this before it joins the residual (Granite).
+    pub residual_scale: Option<f32>,
+    /// Attention scores are multiplied by this instead of 1/√head_dim (Granite).
+    pub attn_scale: Option<f32>,
+    /// Logits are divided by this (Granite: multiplied by its inverse, as llama.cpp).
+    pub logit_scale: Option<f32>,
 }
 
 /// Upper bounds that keep a hostile file from asking for absurd allocations.
@@ -251,6 +262,18 @@ impl ModelConfig {
             _ => None,
         };
         let logit_softcap = file.opt_f32(&key("final_logit_softcapping"))?.filter(|&c| c != 0.0);
+        let granite = arch == Arch::Granite;
+        // Granite's multipliers, as llama.cpp reads them (0 or absent: none).
+        let multiplier = |suffix: &str| -> Result<Option<f32>, ModelError> {
+            match file.opt_f32(&key(suffix))?.filter(|&v| granite && v != 0.0) {
+                Some(v) if !v.is_finite() => Err(ModelError::BadConfig(format!("{} = {v} is not a number", key(suffix)))),
+                v => Ok(v),
+            }
+        };
+        if granite && file.get(&key("rope.scaling.finetuned")).is_some_and(|v| matches!(v, Value::Bool(false))) {
+            return Err(ModelError::Unsupported("a Granite model without rope (rope.scaling.finetuned = false)".into()));
+        }
+        let (embd_multiplier, residual_scale, attn_scale, logit_scale) = (multiplier("embedding_scale")?, multiplier("residual_scale")?, multiplier("attention.scale")?, multiplier("logit_scale")?);
         if let Some(cap) = logit_softcap {
             if !(cap.is_finite() && cap > 0.0) {
                 return Err(ModelError::BadConfig(format!("final logit soft-capping {cap} is not valid")));
@@ -272,7 +295,7 @@ impl ModelConfig {
             vocab_size,
             // As llama.cpp: √d in f32, and 1/√head_dim on the queries (Gemma 3 27B, whose
             // heads are not d / heads wide, is scaled by 1/√(d / heads)).
-            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            embd_scale: if gemma { Some((n_embd as f32).sqrt()) } else { embd_multiplier },
             post_norms: gemma,
             ffn_act: if gemma { FfnAct::GeluTanh } else { FfnAct::Silu },
             query_scale: gemma.then(|| {
@@ -281,6 +304,9 @@ impl ModelConfig {
             }),
             sliding,
             logit_softcap,
+            residual_scale,
+            attn_scale,
+            logit_scale,
         })
     }
 
@@ -301,6 +327,12 @@ impl ModelConfig {
         Ok((0..n_layers).map(|l| period == 0 || l % period < period - 1).collect())
     }
 
+    /// Whether a block's output is kept apart (in `xn`) before it joins the residual, to be
+    /// normed or scaled first.
+    pub fn block_out_apart(&self) -> bool {
+        self.post_norms || self.residual_scale.is_some()
+    }
+
     /// Whether layer `layer` attends within a sliding window.
     pub fn is_local(&self, layer: usize) -> bool {
         self.sliding.as_ref().is_some_and(|s| s.layers[layer])
@@ -319,7 +351,7 @@ impl ModelConfig {
     ) -> Result<RopeConfig, ModelError> {
         let key = |suffix: &str| format!("{}.{suffix}", arch.name());
         let order = match arch {
-            Arch::Llama => RopeOrder::Normal,
+            Arch::Llama | Arch::Granite => RopeOrder::Normal,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeOrder::NeoX,
         };
         let n_dims = file.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);

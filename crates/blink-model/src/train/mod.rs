@@ -171,8 +171,8 @@ impl<H: Deref<Target = Model>> Trainer<H> {
             return Err(TrainError::Unsupported(format!("the per-head Q/K norms of {}", cfg.arch.name())));
         }
         // The backward pass is Llama's: a family with more in its blocks is refused by name.
-        if cfg.post_norms || cfg.ffn_act != crate::config::FfnAct::Silu || cfg.embd_scale.is_some() || cfg.sliding.is_some() || cfg.logit_softcap.is_some() || cfg.query_scale.is_some() {
-            return Err(TrainError::Unsupported(format!("the blocks of {} (norms after attention and the FFN, GeGLU, local layers)", cfg.arch.name())));
+        if cfg.post_norms || cfg.ffn_act != crate::config::FfnAct::Silu || cfg.embd_scale.is_some() || cfg.sliding.is_some() || cfg.logit_softcap.is_some() || cfg.query_scale.is_some() || cfg.block_out_apart() || cfg.attn_scale.is_some() || cfg.logit_scale.is_some() {
+            return Err(TrainError::Unsupported(format!("the blocks of {} (norms after attention and the FFN, GeGLU, local layers, multipliers)", cfg.arch.name())));
         }
         let max_tokens = max_tokens.max(1);
         let arena = Arena::new(cfg, max_tokens, &ranks)

@@ -37,7 +37,7 @@ impl<T: StoreOf> Pass<'_, T> {
     /// model norms the block's output before adding it).
     pub(super) fn attention_out(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let cfg = &self.model.cfg;
-        let (x, mode) = if cfg.post_norms { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
+        let (x, mode) = if cfg.block_out_apart() { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
         let out = (&lw.wo, x, me.part.embd_rows.start, mode, Some((layer, LoraTarget::O)));
         self.project(w, me, &me.attn, (cfg.q_dim(), self.rows.len()), self.grouped_rows, &[out]);
     }
@@ -134,7 +134,11 @@ impl<T: StoreOf> Pass<'_, T> {
         let hd = cfg.head_dim;
         let group = cfg.n_head / cfg.n_head_kv;
         // Queries already scaled (Gemma) meet unscaled scores.
-        let scale = if cfg.query_scale.is_some() { 1.0 } else { 1.0 / (hd as f32).sqrt() };
+        let scale = match (cfg.query_scale, cfg.attn_scale) {
+            (Some(_), _) => 1.0,
+            (None, Some(s)) => s,
+            (None, None) => 1.0 / (hd as f32).sqrt(),
+        };
         // A local layer's query sees its last `window` positions only.
         let window = cfg.sliding.as_ref().filter(|_| cfg.is_local(layer)).map(|s| s.window);
         // SAFETY: per-thread scratch row.

@@ -37,7 +37,7 @@ impl<T: StoreOf> Pass<'_, T> {
     /// (the same share as SwiGLU's), which it has just computed in full.
     pub(super) fn ffn_out(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let cfg = &self.model.cfg;
-        let (out, mode) = if cfg.post_norms { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
+        let (out, mode) = if cfg.block_out_apart() { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
         let down = (&lw.w_down, out, me.part.embd_rows.start, mode, Some((layer, LoraTarget::Down)));
         self.project(w, me, &me.gate, (cfg.n_ff, self.rows.len()), self.grouped_ffn(layer), &[down]);
     }

@@ -201,7 +201,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             self.ffn_out(w, me, l, lw);
             self.join_residual(w, me, lw.ffn_post_norm.as_deref());
         }
-        if self.model.cfg.post_norms {
+        if self.model.cfg.block_out_apart() {
             // The last block's output joined the stream row by row on each thread's share
             // of the rows; the LM head's rows are shared out differently.
             w.global_barrier();
@@ -215,21 +215,26 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             if let Some(cap) = self.model.cfg.logit_softcap {
                 self.soft_cap(w, me, n_logits, cap);
             }
+            if let Some(s) = self.model.cfg.logit_scale {
+                self.scale_logits(w, me, n_logits, 1.0 / s);
+            }
         }
     }
 
     /// A block's output joins every part's residual stream: split, each part's columns go
-    /// to the others; with a post-norm (`post_norm`), the output was left in `xn`, whole
-    /// in every part once shared, and `x += rms_norm(xn) · post_norm` on each part's copy.
+    /// to the others; with a post-norm (`post_norm`) or a residual scale, the output was
+    /// left in `xn`, whole in every part once shared, and `x += rms_norm(xn) · post_norm`
+    /// (times the scale) on each part's copy.
     fn join_residual(&self, w: &NodeWorker, me: &PartView<T>, post_norm: Option<&[f32]>) {
         let split = self.n_parts > 1;
-        let Some(weight) = post_norm else {
+        let scale = self.model.cfg.residual_scale;
+        if post_norm.is_none() && scale.is_none() {
             if split {
                 self.broadcast(w, me, Shared::Residual, me.part.embd_rows.clone());
                 w.global_barrier();
             }
             return;
-        };
+        }
         if split {
             self.broadcast(w, me, Shared::BlockOut, me.part.embd_rows.clone());
             w.global_barrier();
@@ -241,9 +246,24 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             // the same thread first.
             unsafe {
                 let out = me.xn.row_mut(r);
-                ops::rms_norm_in_place(self.isa, out, weight, eps);
+                if let Some(weight) = post_norm {
+                    ops::rms_norm_in_place(self.isa, out, weight, eps);
+                }
+                if let Some(s) = scale {
+                    out.iter_mut().for_each(|v| *v *= s);
+                }
                 me.x.row_mut(r).iter_mut().zip(out.iter()).for_each(|(x, y)| *x += *y);
             }
+        }
+    }
+
+    /// The logit rows' values on this part's vocabulary columns times `s`.
+    fn scale_logits(&self, w: &NodeWorker, me: &PartView<T>, n_logits: usize, s: f32) {
+        let cols = me.part.vocab_rows.clone();
+        for r in w.share(n_logits, 1) {
+            // SAFETY: as in `soft_cap`.
+            let row = unsafe { self.logits.cols_mut(r, cols.clone()) };
+            row.iter_mut().for_each(|v| *v *= s);
         }
     }
 
