@@ -222,6 +222,8 @@ impl QuantBlock for BlockQ4K {
         kq::quantize_q4_k(x)
     }
 
+    /// One super-block's value alone. A row's dot does not sum these: it follows
+    /// llama.cpp's FMA chains ([`vec_dot_q4_k`]).
     fn dot(&self, act: &BlockQ8K) -> f32 {
         dot_scale_min(
             self.d.to_f32(),
@@ -284,6 +286,8 @@ impl QuantBlock for BlockQ6K {
         kq::quantize_q6_k(x)
     }
 
+    /// One super-block's value alone. A row's dot does not sum these: it keeps eight
+    /// float lanes as llama.cpp does ([`vec_dot_q6_k`]).
     fn dot(&self, act: &BlockQ8K) -> f32 {
         let g = group16_dots(&self.quants(), &act.qs);
         let isum: i32 = self
