@@ -27,7 +27,14 @@ NEAR_TIE = 0.01
 
 
 def run(args, **kw):
-    return subprocess.run(args, check=True, capture_output=True, text=True, **kw).stdout
+    # Pieces may be parts of a UTF-8 sequence: kept as surrogates until they are joined.
+    return subprocess.run(args, check=True, capture_output=True, **kw).stdout.decode("utf-8", "surrogateescape")
+
+
+def text_of(pieces):
+    """The pieces' bytes joined, then read as UTF-8 (invalid sequences replaced), as a
+    terminal shows a program's output."""
+    return "".join(pieces).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def tokenize(model, text):
@@ -97,8 +104,8 @@ def main():
     for prompt in prompts:
         ids, margins, owed, pieces = greedy(a.model, prompt)
         doc["greedy"].append({"prompt": prompt, "prompt_ids": tokenize(a.model, prompt), "n_predict": N_PREDICT,
-                              "ids": ids, "text": "".join(pieces), "top2_logprob_margin": margins,
-                              "exact_tokens_owed": owed, "exact_text_owed": "".join(pieces[:owed])})
+                              "ids": ids, "text": text_of(pieces), "top2_logprob_margin": margins,
+                              "exact_tokens_owed": owed, "exact_text_owed": text_of(pieces[:owed])})
     if a.ppl_text:
         case = perplexity(a.model, a.ppl_text, a.ctx)
         doc["perplexity"].append({"name": os.path.basename(a.ppl_text), **case})

@@ -121,8 +121,7 @@ impl Streamer {
 
     /// The file's bytes of matrix `m`.
     fn source(&self, m: &Matrix) -> &[u8] {
-        let info = self.file.tensor(&m.name).expect("a matrix of the model's own file");
-        self.file.tensor_data(info)
+        m.source(&self.file)
     }
 
     /// Make window `w` ready to run: its row-major matrices read ahead, its repacked ones

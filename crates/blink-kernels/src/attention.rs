@@ -23,6 +23,39 @@ use crate::quant::reduce::dot_lanes16;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const CHUNK: usize = 16;
 
+/// How a raw score `q·k` becomes a softmax input: times `mul`, then, with a cap `c`,
+/// `c · tanh(s)` (Gemma 2's soft-capping, with `1/c` folded into `mul` as ggml folds it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scale {
+    pub mul: f32,
+    pub cap: Option<f32>,
+}
+
+impl Scale {
+    /// Scores times `scale`, then soft-capped at `cap` if any.
+    pub fn new(scale: f32, cap: Option<f32>) -> Scale {
+        match cap {
+            Some(c) => Scale { mul: scale / c, cap: Some(c) },
+            None => Scale { mul: scale, cap: None },
+        }
+    }
+
+    /// The cap applied to a scaled score (libm's `tanhf`, as ggml's).
+    #[inline(always)]
+    fn cap(self, s: f32) -> f32 {
+        match self.cap {
+            Some(c) => c * s.tanh(),
+            None => s,
+        }
+    }
+}
+
+impl From<f32> for Scale {
+    fn from(mul: f32) -> Scale {
+        Scale { mul, cap: None }
+    }
+}
+
 /// Running softmax state of one (query, head).
 #[derive(Clone, Copy, Debug)]
 pub struct Online {
@@ -127,7 +160,7 @@ pub fn prepare_query<T: CacheElem>(q: &[f32], out: &mut [f32]) {
 /// consecutive rows of `q.len()` elements in `keys` and `values`, updating `state` and
 /// `acc` (which starts zeroed, and is normalised by [`Online::finish`] at the end).
 #[allow(clippy::too_many_arguments)]
-pub fn attend<T: CacheElem>(isa: Isa, q: &[f32], keys: &[T], values: &[T], n: usize, scale: f32, state: &mut Online, acc: &mut [f32]) {
+pub fn attend<T: CacheElem>(isa: Isa, q: &[f32], keys: &[T], values: &[T], n: usize, scale: impl Into<Scale>, state: &mut Online, acc: &mut [f32]) {
     attend_heads(isa, q, keys, values, n, scale, std::slice::from_mut(state), acc)
 }
 
@@ -136,7 +169,8 @@ pub fn attend<T: CacheElem>(isa: Isa, q: &[f32], keys: &[T], values: &[T], n: us
 /// after another. Each head's result is exactly that of [`attend`]; sharing the rows
 /// saves their loads and conversions, and the heads' updates overlap.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T], n: usize, scale: f32, states: &mut [Online], accs: &mut [f32]) {
+pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T], n: usize, scale: impl Into<Scale>, states: &mut [Online], accs: &mut [f32]) {
+    let scale = scale.into();
     let heads = states.len();
     assert!(heads > 0 && qs.len().is_multiple_of(heads) && accs.len() == qs.len());
     let hd = qs.len() / heads;
@@ -193,12 +227,12 @@ pub fn prefetch<T: CacheElem>(keys: &[T], values: &[T]) {
 
 /// The definition: one position at a time, score, softmax step, value update.
 #[allow(clippy::too_many_arguments)]
-fn attend_scalar<T: CacheElem>(q: &[f32], keys: &[T], values: &[T], n: usize, scale: f32, state: &mut Online, acc: &mut [f32]) {
+fn attend_scalar<T: CacheElem>(q: &[f32], keys: &[T], values: &[T], n: usize, scale: Scale, state: &mut Online, acc: &mut [f32]) {
     let hd = q.len();
     for t in 0..n {
         let key = &keys[t * hd..(t + 1) * hd];
         let value = &values[t * hd..(t + 1) * hd];
-        let s = dot_lanes16(hd, |d| q[d], |d| key[d].to_f32(), T::HALF) * scale;
+        let s = scale.cap(dot_lanes16(hd, |d| q[d], |d| key[d].to_f32(), T::HALF) * scale.mul);
         let (ms, vs) = state.step(s);
         if ms != 1.0 {
             acc.iter_mut().for_each(|a| *a = round::<T>(*a * ms));
@@ -273,12 +307,12 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
-    use super::{Online, CHUNK};
+    use super::{Online, Scale, CHUNK};
 
     /// f16 keys and values, heads of `hd` elements (a multiple of 16): the chunked kernel
     /// for 64 and 128, the per-position one otherwise.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attend_f16(avx512: bool, qs: &[f32], keys: &[u16], values: &[u16], n: usize, scale: f32, states: &mut [Online], accs: &mut [f32]) {
+    pub(super) unsafe fn attend_f16(avx512: bool, qs: &[f32], keys: &[u16], values: &[u16], n: usize, scale: Scale, states: &mut [Online], accs: &mut [f32]) {
         let hd = qs.len() / states.len();
         let (q, k, v, a) = (qs.as_ptr(), keys.as_ptr(), values.as_ptr(), accs.as_mut_ptr());
         match (avx512, hd) {
@@ -298,14 +332,14 @@ mod x86 {
     /// Two heads at a time (chosen by measurement: AVX2's sixteen registers hold one
     /// head's 64-element accumulator, but sharing the key and value rows pays for spills).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn chunked_avx2<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: f32, states: &mut [Online], acc: *mut f32) {
+    unsafe fn chunked_avx2<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
         chunked::<W, 2>(q, k, v, n, scale, states, acc)
     }
 
     /// The same instructions with AVX-512VL's 32 registers: three heads at a time. (On
     /// Zen 4, which splits 512-bit operations in two, 512-bit vectors measured slower.)
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-    unsafe fn chunked_avx512<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: f32, states: &mut [Online], acc: *mut f32) {
+    unsafe fn chunked_avx512<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
         chunked::<W, 3>(q, k, v, n, scale, states, acc)
     }
 
@@ -396,7 +430,7 @@ mod x86 {
     /// by one), so they share each key and value row's load and widening. Heads are `16·W`
     /// elements, W a multiple of 4 (whole 64-element dot-product steps).
     #[inline(always)]
-    unsafe fn chunked<const W: usize, const P: usize>(qs: *const f32, keys: *const u16, values: *const u16, n: usize, scale: f32, states: &mut [Online], accs: *mut f32) {
+    unsafe fn chunked<const W: usize, const P: usize>(qs: *const f32, keys: *const u16, values: *const u16, n: usize, scale: Scale, states: &mut [Online], accs: *mut f32) {
         let hd = 16 * W;
         for c in (0..n).step_by(CHUNK) {
             let m = (n - c).min(CHUNK);
@@ -420,9 +454,12 @@ mod x86 {
     /// step, then the value updates with the accumulators held in registers.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn heads<const W: usize, const P: usize>(qs: *const f32, keys: *const u16, values: *const u16, m: usize, scale: f32, states: &mut [Online], accs: *mut f32) {
+    unsafe fn heads<const W: usize, const P: usize>(qs: *const f32, keys: *const u16, values: *const u16, m: usize, scale: Scale, states: &mut [Online], accs: *mut f32) {
         let hd = 16 * W;
-        let s = scores::<W, P>(qs, keys, m, scale);
+        let mut s = scores::<W, P>(qs, keys, m, scale.mul);
+        if scale.cap.is_some() {
+            s.iter_mut().for_each(|row| row[..m].iter_mut().for_each(|x| *x = scale.cap(*x)));
+        }
         // libm's `expf` bits (as llama.cpp's attention has them), eight at a time.
         let exp = |row: &mut [f32; CHUNK]| {
             for at in (0..CHUNK).step_by(8) {
@@ -517,7 +554,7 @@ mod x86 {
     /// One head, one position at a time: any `hd` that is a multiple of 16 (the elements
     /// past the last 64-element step are added in f64, as ggml does).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn per_position(q: &[f32], keys: &[u16], values: &[u16], n: usize, scale: f32, state: &mut Online, acc: &mut [f32]) {
+    unsafe fn per_position(q: &[f32], keys: &[u16], values: &[u16], n: usize, scale: Scale, state: &mut Online, acc: &mut [f32]) {
         let hd = q.len();
         let np = hd - hd % 64;
         for t in 0..n {
@@ -531,7 +568,7 @@ mod x86 {
             for (e, &qe) in q.iter().enumerate().skip(np) {
                 sum += (qe * half::f16::from_bits(*k.add(e)).to_f32()) as f64;
             }
-            let (ms, vs) = state.step(sum as f32 * scale);
+            let (ms, vs) = state.step(scale.cap(sum as f32 * scale.mul));
             let v = values.as_ptr().add(t * hd);
             let (msv, vsv) = (V16::splat(ms), V16::splat(vs));
             for d in (0..hd).step_by(16) {
@@ -549,7 +586,7 @@ mod x86 {
 mod arm {
     use std::arch::aarch64::*;
 
-    use super::Online;
+    use super::{Online, Scale};
     use crate::neon::{f16x4_to_f32, round_f16};
 
     /// Sixteen lanes as four quarters.
@@ -571,7 +608,7 @@ mod arm {
 
     /// f16 keys and values, `hd` a multiple of 16: the x86 kernel's order on 4-lane vectors.
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn attend_f16(q: &[f32], keys: &[u16], values: &[u16], n: usize, scale: f32, state: &mut Online, acc: &mut [f32]) {
+    pub(super) unsafe fn attend_f16(q: &[f32], keys: &[u16], values: &[u16], n: usize, scale: Scale, state: &mut Online, acc: &mut [f32]) {
         let hd = q.len();
         let np = hd - hd % 64;
         for t in 0..n {
@@ -593,7 +630,7 @@ mod arm {
             for (e, &qe) in q.iter().enumerate().skip(np) {
                 sum += (qe * half::f16::from_bits(*k.add(e)).to_f32()) as f64;
             }
-            let s = sum as f32 * scale;
+            let s = scale.cap(sum as f32 * scale.mul);
 
             let (ms, vs) = state.step(s);
             let v = values.as_ptr().add(t * hd);

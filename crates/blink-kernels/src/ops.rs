@@ -113,11 +113,18 @@ pub fn rms_norm_rows<const N: usize>(isa: Isa, x: [&[f32]; N], weight: &[f32], e
 
 /// RMS norm in place (per-head Q/K norms).
 pub fn rms_norm_in_place(isa: Isa, x: &mut [f32], weight: &[f32], eps: f32) {
+    let n = x.len();
+    rms_norm_cols_in_place(isa, x, weight, eps, 0..n)
+}
+
+/// The RMS norm of all of `x`, applied in place to its columns `cols` only (weights
+/// `weight[cols]`): a part's own columns of a row normed whole (OLMo 2's Q/K norms).
+pub fn rms_norm_cols_in_place(isa: Isa, x: &mut [f32], weight: &[f32], eps: f32, cols: std::ops::Range<usize>) {
     let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     let _ = isa;
-    for (v, &w) in x.iter_mut().zip(weight) {
+    for (v, &w) in x[cols.clone()].iter_mut().zip(&weight[cols]) {
         *v = (*v * scale) * w;
     }
 }

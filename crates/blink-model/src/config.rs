@@ -19,9 +19,20 @@ pub enum Arch {
     /// Gemma 3: embeddings scaled by √d, Q/K norms, norms after attention and the FFN
     /// as well as before, GeGLU, and local sliding-window layers between global ones.
     Gemma3,
+    /// Gemma 2: Gemma 3's blocks without Q/K norms, with soft-capped attention scores
+    /// and logits, and every other layer local.
+    Gemma2,
     /// Granite: Llama with multipliers on the embeddings, the blocks' outputs, the
     /// attention scores and the logits.
     Granite,
+    /// SmolLM3: Llama whose every fourth layer has no rope.
+    Smollm3,
+    /// OLMo 2: norms after each block instead of before, RMS norms over the whole Q and
+    /// K projections, NeoX rope, an LM head of its own.
+    Olmo2,
+    /// Phi-3: Llama with fused Q/K/V and gate/up tensors, NeoX rope with per-dimension
+    /// factors for short and long contexts.
+    Phi3,
 }
 
 impl Arch {
@@ -30,10 +41,14 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "gemma2" => Ok(Arch::Gemma2),
             "gemma3" => Ok(Arch::Gemma3),
             "granite" => Ok(Arch::Granite),
+            "smollm3" => Ok(Arch::Smollm3),
+            "olmo2" => Ok(Arch::Olmo2),
+            "phi3" => Ok(Arch::Phi3),
             other => Err(ModelError::Unsupported(format!(
-                "architecture '{other}' (supported: llama, qwen2, qwen3, gemma3, granite)"
+                "architecture '{other}' (supported: llama, qwen2, qwen3, gemma2, gemma3, granite, smollm3, olmo2, phi3)"
             ))),
         }
     }
@@ -44,8 +59,12 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Granite => "granite",
+            Arch::Smollm3 => "smollm3",
+            Arch::Olmo2 => "olmo2",
+            Arch::Phi3 => "phi3",
         }
     }
 }
@@ -57,6 +76,15 @@ pub enum FfnAct {
     Silu,
     /// GeGLU with the tanh approximation of GELU (through llama.cpp's f16 table).
     GeluTanh,
+}
+
+/// RMS norms on the queries and keys before rope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// One norm per head, its weight one head wide (Qwen3, Gemma 3).
+    PerHead,
+    /// One norm over the whole projection, its weight as wide (OLMo 2).
+    Whole,
 }
 
 /// Local attention on some layers: a query sees only the last `window` positions (its
@@ -89,7 +117,6 @@ pub enum RopeScaling {
         factor: f32,
         original_ctx: u32,
         ext_factor: f32,
-        attn_factor: f32,
         beta_fast: f32,
         beta_slow: f32,
     },
@@ -103,6 +130,12 @@ pub struct RopeConfig {
     pub n_dims: usize,
     pub freq_base: f32,
     pub scaling: RopeScaling,
+    /// Cosines and sines are multiplied by this (`rope.scaling.attn_factor`, 1 if absent;
+    /// Phi-3's long-context files set it).
+    pub attn_factor: f32,
+    /// The context the per-dimension frequency factors switch from short to long at (the
+    /// file's `rope.scaling.original_context_length`, else the trained context).
+    pub original_ctx: usize,
 }
 
 /// Shape and numerics of a model.
@@ -121,6 +154,13 @@ pub struct ModelConfig {
     pub norm_eps: f32,
     pub rope: RopeConfig,
     pub vocab_size: usize,
+    /// RMS norms on each block's input (all but OLMo 2).
+    pub pre_norms: bool,
+    pub qk_norm: Option<QkNorm>,
+    /// Layers `l` with `(l + 1) % n == 0` have no rope (SmolLM3: every fourth).
+    pub no_rope_every: Option<usize>,
+    /// Attention scores pass through `cap · tanh(score / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
     /// Token embeddings are multiplied by this (Gemma: √n_embd).
     pub embd_scale: Option<f32>,
     /// RMS norms on the attention and FFN outputs before they join the residual stream.
@@ -248,20 +288,21 @@ impl ModelConfig {
             None => file.get_array("tokenizer.ggml.tokens")?.len(),
         };
         let name = file.opt_str("general.name")?.unwrap_or(arch.name()).to_string();
-        let gemma = arch == Arch::Gemma3;
-        let sliding = match file.opt_u32(&key("attention.sliding_window"))? {
-            Some(window) if window > 0 && gemma => Some(SlidingWindow {
-                window: window as usize,
-                layers: Self::local_layers(file, &key("attention.sliding_window_pattern"), n_layers)?,
-                rope: RopeConfig {
-                    freq_base: file.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
-                    scaling: RopeScaling::None,
-                    ..rope
-                },
-            }),
-            _ => None,
+        let gemma = matches!(arch, Arch::Gemma2 | Arch::Gemma3);
+        let sliding = Self::sliding_from_gguf(file, arch, n_layers, &rope)?;
+        // Soft-capping as llama.cpp reads it: Gemma 2 caps scores (50) and logits (30)
+        // unless the file says otherwise, Gemma 3 caps logits when the file asks; 0: none.
+        let cap = |suffix: &str, default: Option<f32>| -> Result<Option<f32>, ModelError> {
+            match file.opt_f32(&key(suffix))?.or(default).filter(|&c| c != 0.0) {
+                Some(c) if !(c.is_finite() && c > 0.0) => Err(ModelError::BadConfig(format!("{} = {c} is not valid", key(suffix)))),
+                c => Ok(c),
+            }
         };
-        let logit_softcap = file.opt_f32(&key("final_logit_softcapping"))?.filter(|&c| c != 0.0);
+        let (logit_softcap, attn_softcap) = match arch {
+            Arch::Gemma2 => (cap("final_logit_softcapping", Some(30.0))?, cap("attn_logit_softcapping", Some(50.0))?),
+            Arch::Gemma3 => (cap("final_logit_softcapping", None)?, None),
+            _ => (None, None),
+        };
         let granite = arch == Arch::Granite;
         // Granite's multipliers, as llama.cpp reads them (0 or absent: none).
         let multiplier = |suffix: &str| -> Result<Option<f32>, ModelError> {
@@ -274,11 +315,9 @@ impl ModelConfig {
             return Err(ModelError::Unsupported("a Granite model without rope (rope.scaling.finetuned = false)".into()));
         }
         let (embd_multiplier, residual_scale, attn_scale, logit_scale) = (multiplier("embedding_scale")?, multiplier("residual_scale")?, multiplier("attention.scale")?, multiplier("logit_scale")?);
-        if let Some(cap) = logit_softcap {
-            if !(cap.is_finite() && cap > 0.0) {
-                return Err(ModelError::BadConfig(format!("final logit soft-capping {cap} is not valid")));
-            }
-        }
+        // Gemma 2 27B and Gemma 3 27B, whose heads are not d / heads wide, scale queries by
+        // 1/√(d / heads), as llama.cpp does.
+        let wide_heads = matches!((arch, n_layers), (Arch::Gemma2, 46) | (Arch::Gemma3, 62));
 
         Ok(ModelConfig {
             arch,
@@ -293,15 +332,24 @@ impl ModelConfig {
             norm_eps,
             rope,
             vocab_size,
-            // As llama.cpp: √d in f32, and 1/√head_dim on the queries (Gemma 3 27B, whose
-            // heads are not d / heads wide, is scaled by 1/√(d / heads)).
+            pre_norms: arch != Arch::Olmo2,
+            qk_norm: match arch {
+                Arch::Qwen3 | Arch::Gemma3 => Some(QkNorm::PerHead),
+                Arch::Olmo2 => Some(QkNorm::Whole),
+                _ => None,
+            },
+            no_rope_every: (arch == Arch::Smollm3).then_some(4),
+            attn_softcap,
+            // As llama.cpp: √d in f32.
             embd_scale: if gemma { Some((n_embd as f32).sqrt()) } else { embd_multiplier },
-            post_norms: gemma,
+            post_norms: gemma || arch == Arch::Olmo2,
             ffn_act: if gemma { FfnAct::GeluTanh } else { FfnAct::Silu },
-            query_scale: gemma.then(|| {
-                let width = if n_layers == 62 { n_embd / n_head } else { head_dim };
-                1.0 / (width as f32).sqrt()
-            }),
+            // Queries scaled after rope, scores not (Gemma, Phi-3): 1/√head_dim.
+            query_scale: match arch {
+                _ if gemma => Some(1.0 / (if wide_heads { n_embd / n_head } else { head_dim } as f32).sqrt()),
+                Arch::Phi3 => Some(1.0 / (head_dim as f32).sqrt()),
+                _ => None,
+            },
             sliding,
             logit_softcap,
             residual_scale,
@@ -310,9 +358,40 @@ impl ModelConfig {
         })
     }
 
-    /// Which layers are local, as llama.cpp reads Gemma's pattern: a per-layer array, or
-    /// a period n whose last layer is global (default 6).
-    fn local_layers(file: &GgufFile, key: &str, n_layers: usize) -> Result<Vec<bool>, ModelError> {
+    /// The local layers as llama.cpp reads each family: Gemma 3 (window from the file,
+    /// every sixth layer global, local rope base 10,000 unscaled), Gemma 2 (window 4096 by
+    /// default, every other layer global, the global rope), OLMo 3 files of `olmo2` (a
+    /// window in the file, every fourth layer global, unscaled rope).
+    fn sliding_from_gguf(file: &GgufFile, arch: Arch, n_layers: usize, rope: &RopeConfig) -> Result<Option<SlidingWindow>, ModelError> {
+        let key = |suffix: &str| format!("{}.{suffix}", arch.name());
+        let base = |default: f32| -> Result<f32, ModelError> {
+            let base = file.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(default);
+            if !(base.is_finite() && base > 1.0) {
+                return Err(ModelError::BadConfig(format!("{} = {base} is not valid", key("rope.freq_base_swa"))));
+            }
+            Ok(base)
+        };
+        let window = file.opt_u32(&key("attention.sliding_window"))?;
+        let (window, period, local_rope) = match arch {
+            Arch::Gemma3 => (window, 6, RopeConfig { freq_base: base(10_000.0)?, scaling: RopeScaling::None, ..*rope }),
+            Arch::Gemma2 => (Some(window.unwrap_or(4096)), 2, RopeConfig { freq_base: base(rope.freq_base)?, ..*rope }),
+            Arch::Olmo2 => (window, 4, RopeConfig { freq_base: base(rope.freq_base)?, scaling: RopeScaling::None, attn_factor: 1.0, ..*rope }),
+            _ => return Ok(None),
+        };
+        match window {
+            None | Some(0) if arch != Arch::Gemma2 => Ok(None),
+            None | Some(0) => Err(ModelError::BadConfig(format!("{} must not be 0", key("attention.sliding_window")))),
+            Some(window) => Ok(Some(SlidingWindow {
+                window: window as usize,
+                layers: Self::local_layers(file, &key("attention.sliding_window_pattern"), n_layers, period)?,
+                rope: local_rope,
+            })),
+        }
+    }
+
+    /// Which layers are local, as llama.cpp reads the pattern: a per-layer array, or a
+    /// period n whose last layer is global (the family's default).
+    fn local_layers(file: &GgufFile, key: &str, n_layers: usize, default_period: u32) -> Result<Vec<bool>, ModelError> {
         if let Some(Value::Array(per_layer)) = file.get(key) {
             let values = match per_layer {
                 blink_gguf::Array::Bool(flags) => flags.iter().map(|&f| u64::from(f)).collect(),
@@ -323,7 +402,7 @@ impl ModelConfig {
             }
             return Ok(values.iter().map(|&v| v != 0).collect());
         }
-        let period = file.opt_u32(key)?.unwrap_or(6) as usize;
+        let period = file.opt_u32(key)?.unwrap_or(default_period) as usize;
         Ok((0..n_layers).map(|l| period == 0 || l % period < period - 1).collect())
     }
 
@@ -331,6 +410,11 @@ impl ModelConfig {
     /// normed or scaled first.
     pub fn block_out_apart(&self) -> bool {
         self.post_norms || self.residual_scale.is_some()
+    }
+
+    /// Whether layer `layer` rotates its queries and keys.
+    pub fn ropes(&self, layer: usize) -> bool {
+        self.no_rope_every.is_none_or(|n| !(layer + 1).is_multiple_of(n))
     }
 
     /// Whether layer `layer` attends within a sliding window.
@@ -351,8 +435,8 @@ impl ModelConfig {
     ) -> Result<RopeConfig, ModelError> {
         let key = |suffix: &str| format!("{}.{suffix}", arch.name());
         let order = match arch {
-            Arch::Llama | Arch::Granite => RopeOrder::Normal,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeOrder::NeoX,
+            Arch::Llama | Arch::Granite | Arch::Smollm3 => RopeOrder::Normal,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2 | Arch::Phi3 => RopeOrder::NeoX,
         };
         let n_dims = file.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
         if n_dims == 0 || n_dims > head_dim || n_dims % 2 != 0 {
@@ -377,19 +461,19 @@ impl ModelConfig {
             Some(f) => return Err(ModelError::BadConfig(format!("rope scaling factor {f} is not valid"))),
             None => 1.0,
         };
+        let original_ctx = match file.opt_u32(&key("rope.scaling.original_context_length"))? {
+            Some(0) | None => n_ctx_train,
+            Some(c) => c as usize,
+        };
         let scaling = match scaling_type {
             "none" => RopeScaling::None,
             _ if factor == 1.0 => RopeScaling::None,
             "linear" => RopeScaling::Linear { factor },
             "yarn" => {
-                let original_ctx = file
-                    .opt_u32(&key("rope.scaling.original_context_length"))?
-                    .unwrap_or(n_ctx_train as u32);
                 RopeScaling::Yarn {
                     factor,
-                    original_ctx,
+                    original_ctx: original_ctx as u32,
                     ext_factor: 1.0,
-                    attn_factor: file.opt_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0),
                     beta_fast: file.opt_f32(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
                     beta_slow: file.opt_f32(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
                 }
@@ -398,7 +482,11 @@ impl ModelConfig {
                 return Err(ModelError::Unsupported(format!("rope scaling type '{other}'")));
             }
         };
-        Ok(RopeConfig { order, n_dims, freq_base, scaling })
+        let attn_factor = file.opt_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+        if !(attn_factor.is_finite() && attn_factor > 0.0) {
+            return Err(ModelError::BadConfig(format!("rope attention factor {attn_factor} is not valid")));
+        }
+        Ok(RopeConfig { order, n_dims, freq_base, scaling, attn_factor, original_ctx })
     }
 
     /// Width of the key (and value) projection: `n_head_kv * head_dim`.

@@ -60,6 +60,9 @@ pub struct Model {
     pub rope: Rope,
     /// The local (sliding-window) layers' rope, when they have their own base.
     pub rope_local: Option<Rope>,
+    /// Phi-3's ropes for contexts up to the original one and past it, when the file has
+    /// both factor sets ([`Model::fit_context`] chooses; the short one until then).
+    rope_by_context: Option<(Rope, Rope)>,
     /// How the work is split over the parts (one part for a flat model).
     pub split: TensorSplit,
     /// One per part of `split`, in the part's memory.
@@ -94,7 +97,9 @@ impl Model {
             .map(|node| if placement.numa { Home::Node { topology: &placement.topology, node } } else { Home::Shared })
             .collect();
         let used = weights::Used::default();
-        let rope_freqs = Loader::new(&file, isa, Home::Shared, &used, share.matrices).rope_freqs(&cfg)?;
+        let loader = Loader::new(&file, isa, Home::Shared, &used, share.matrices);
+        let rope_freqs = loader.rope_freqs(&cfg)?;
+        let (short, long) = (loader.rope_factors(&cfg, "rope_factors_short.weight")?, loader.rope_factors(&cfg, "rope_factors_long.weight")?);
         let load = |part: &parallel::tensor::TensorPart, home: Home| Weights::load(&Loader::new(&file, isa, home, &used, share.matrices), &cfg, part, &share);
         let parts = if placement.numa {
             // Each node's part is loaded by a thread on that node, all at once: its pages
@@ -122,9 +127,26 @@ impl Model {
         };
         used.check_all(&file, &share)?;
         weights::release_copied(&file, &parts);
-        let rope = Rope::new(&cfg.rope, rope_freqs);
+        // As llama.cpp: `rope_freqs` wins; else the short factors (or none) and the long.
+        let rope_by_context = match (&rope_freqs, short, long) {
+            (None, short, Some(long)) => Some((Rope::new(&cfg.rope, short), Rope::new(&cfg.rope, Some(long)))),
+            _ => None,
+        };
+        let rope = match &rope_by_context {
+            Some((short, _)) => short.clone(),
+            None => Rope::new(&cfg.rope, rope_freqs),
+        };
         let rope_local = cfg.sliding.as_ref().map(|s| Rope::new(&s.rope, None));
-        Ok(Model { cfg, rope, rope_local, split, parts, placement: placement.clone(), file, share })
+        Ok(Model { cfg, rope, rope_local, rope_by_context, split, parts, placement: placement.clone(), file, share })
+    }
+
+    /// Choose the rope for sequences of up to `n_ctx` tokens: Phi-3's long factors past the
+    /// context its file was trained at, as llama.cpp chooses them (for its context per
+    /// sequence). Models with one rope keep it.
+    pub fn fit_context(&mut self, n_ctx: usize) {
+        if let Some((short, long)) = &self.rope_by_context {
+            self.rope = if n_ctx > self.cfg.rope.original_ctx { long.clone() } else { short.clone() };
+        }
     }
 
     /// Open, validate and load the GGUF file at `path` (flat).

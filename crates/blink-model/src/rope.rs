@@ -26,14 +26,15 @@ impl Rope {
     pub fn new(cfg: &RopeConfig, freq_factors: Option<Vec<f32>>) -> Rope {
         let n_dims = cfg.n_dims;
         let theta_scale = cfg.freq_base.powf(-2.0 / n_dims as f32);
-        let (freq_scale, ext_factor, mscale, corr_dims) = match cfg.scaling {
-            RopeScaling::None => (1.0, 0.0, 1.0, [0.0, 0.0]),
-            RopeScaling::Linear { factor } => (1.0 / factor, 0.0, 1.0, [0.0, 0.0]),
-            RopeScaling::Yarn { factor, original_ctx, ext_factor, attn_factor, beta_fast, beta_slow } => {
+        let (freq_scale, ext_factor, corr_dims) = match cfg.scaling {
+            RopeScaling::None => (1.0, 0.0, [0.0, 0.0]),
+            RopeScaling::Linear { factor } => (1.0 / factor, 0.0, [0.0, 0.0]),
+            RopeScaling::Yarn { factor, original_ctx, ext_factor, beta_fast, beta_slow } => {
                 let corr = yarn_corr_dims(n_dims, original_ctx, cfg.freq_base, beta_fast, beta_slow);
-                (1.0 / factor, ext_factor, attn_factor, corr)
+                (1.0 / factor, ext_factor, corr)
             }
         };
+        let mscale = cfg.attn_factor;
         Rope { order: cfg.order, n_dims, theta_scale, freq_scale, ext_factor, mscale, corr_dims, freq_factors }
     }
 
@@ -90,7 +91,7 @@ mod tests {
     use super::*;
 
     fn rope(order: RopeOrder) -> Rope {
-        Rope::new(&RopeConfig { order, n_dims: 8, freq_base: 10000.0, scaling: RopeScaling::None }, None)
+        Rope::new(&RopeConfig { order, n_dims: 8, freq_base: 10000.0, scaling: RopeScaling::None, attn_factor: 1.0, original_ctx: 4096 }, None)
     }
 
     #[test]

@@ -17,7 +17,7 @@ use blink_kernels::quant::{self, WeightType};
 use blink_runtime::arena::{Arena, Piece};
 use blink_runtime::numa::{NodeBuffer, Topology};
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, ModelConfig, QkNorm};
 use crate::parallel::tensor::TensorPart;
 use crate::ModelError;
 
@@ -61,6 +61,9 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     pub layout: Layout,
+    /// The rows of the file's tensor `name` this matrix holds (a part's rows, or one
+    /// matrix of a fused tensor).
+    pub file_rows: Range<usize>,
     data: Blob,
     refillable: bool,
 }
@@ -76,6 +79,14 @@ impl Matrix {
     #[inline]
     pub fn mat_ref(&self) -> MatRef<'_> {
         MatRef { ty: self.ty, layout: self.layout, rows: self.rows, cols: self.cols, bytes: self.bytes() }
+    }
+
+    /// The file's row-major bytes of this matrix's rows.
+    pub fn source<'f>(&self, file: &'f GgufFile) -> &'f [u8] {
+        let info = file.tensor(&self.name).expect("a matrix of the model's own file");
+        let data = file.tensor_data(info);
+        let row = self.ty.row_bytes(self.cols as u64).expect("checked at load") as usize;
+        &data[self.file_rows.start * row..self.file_rows.end * row]
     }
 
     /// Whether the matrix is a copy its process refills from the file ([`Matrix::refill`]):
@@ -136,7 +147,8 @@ impl Deref for Vector {
 
 /// Weights of one transformer block, restricted to one part's rows.
 pub struct LayerWeights {
-    pub attn_norm: Vector,
+    /// RMS norm weights of the block inputs (none in OLMo 2).
+    pub attn_norm: Option<Vector>,
     /// Rows of the part's query heads.
     pub wq: Matrix,
     /// Rows of the part's key/value heads.
@@ -148,13 +160,14 @@ pub struct LayerWeights {
     pub bq: Option<Vector>,
     pub bk: Option<Vector>,
     pub bv: Option<Vector>,
-    /// Per-head RMS norms of Q and K (Qwen3, Gemma 3).
+    /// RMS norms of Q and K, per head (Qwen3, Gemma 3) or whole (OLMo 2: all the
+    /// columns, whatever the part).
     pub q_norm: Option<Vector>,
     pub k_norm: Option<Vector>,
-    /// RMS norms of the attention and FFN outputs (Gemma 3).
+    /// RMS norms of the attention and FFN outputs (Gemma, OLMo 2).
     pub attn_post_norm: Option<Vector>,
     pub ffn_post_norm: Option<Vector>,
-    pub ffn_norm: Vector,
+    pub ffn_norm: Option<Vector>,
     /// The part's FFN rows.
     pub w_gate: Matrix,
     pub w_up: Matrix,
@@ -324,7 +337,7 @@ impl<'a> Loader<'a> {
         if for_products && refilled {
             if let Some(len) = gemm::prepared_len(self.isa, info.ty, n, cols) {
                 let piece = self.arena.reserve(len).map_err(|e| ModelError::Placement(e.to_string()))?;
-                return Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout: Layout::Packed, data: Blob::piece(piece), refillable: true });
+                return Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout: Layout::Packed, file_rows: range, data: Blob::piece(piece), refillable: true });
             }
         }
         let packed = if for_products && matrices == Matrices::Repacked { gemm::prepare(self.isa, info.ty, n, cols, slice) } else { None };
@@ -333,7 +346,7 @@ impl<'a> Loader<'a> {
             (None, Home::Shared) if n == rows => (Layout::RowMajor, Blob::mapped(slice, self.file)),
             (None, _) => (Layout::RowMajor, self.place(slice)?),
         };
-        Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout, data: blob, refillable: false })
+        Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout, file_rows: range, data: blob, refillable: false })
     }
 
     /// A vector of `len` values converted to f32, restricted to `range`.
@@ -374,8 +387,18 @@ impl<'a> Loader<'a> {
 
     /// The rope frequency divisors, if the file has them.
     pub(crate) fn rope_freqs(&self, cfg: &ModelConfig) -> Result<Option<Vec<f32>>, ModelError> {
+        self.rope_factors(cfg, "rope_freqs.weight")
+    }
+
+    /// Per-dimension rope frequency divisors `name`, if the file has them (Llama 3's
+    /// `rope_freqs`, Phi-3's `rope_factors_short` and `rope_factors_long`).
+    pub(crate) fn rope_factors(&self, cfg: &ModelConfig, name: &str) -> Result<Option<Vec<f32>>, ModelError> {
         let len = cfg.rope.n_dims / 2;
-        Ok(self.opt_vector_range("rope_freqs.weight", len, 0..len)?.map(|v| v.to_vec()))
+        let factors = self.opt_vector_range(name, len, 0..len)?.map(|v| v.to_vec());
+        if factors.as_ref().is_some_and(|f| f.contains(&0.0)) {
+            return Err(ModelError::BadTensor(format!("{name} holds a factor of 0")));
+        }
+        Ok(factors)
     }
 }
 
@@ -395,7 +418,6 @@ impl Weights {
         let output = ld.rows_as(output_name, d, vocab, part.vocab_rows.clone(), true, head)?;
         let output_norm = ld.vector("output_norm.weight", d)?;
         let biased = cfg.arch == Arch::Qwen2;
-        let qk_norm = matches!(cfg.arch, Arch::Qwen3 | Arch::Gemma3);
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 if !share.holds(i) {
@@ -409,36 +431,60 @@ impl Weights {
                         ld.opt_vector_range(&n(s), len, r.clone())
                     }
                 };
-                let head_norm = |s: &str| -> Result<Option<Vector>, ModelError> {
-                    if qk_norm {
-                        ld.vector(&n(s), hd).map(Some)
-                    } else {
-                        Ok(None)
+                // Per head: one head's weight; whole: the projection's (each part norms
+                // whole rows, shared between the parts).
+                let qk_norm = |s: &str, width: usize| -> Result<Option<Vector>, ModelError> {
+                    match cfg.qk_norm {
+                        Some(QkNorm::PerHead) => ld.vector(&n(s), hd).map(Some),
+                        Some(QkNorm::Whole) => ld.vector(&n(s), width).map(Some),
+                        None => Ok(None),
                     }
                 };
-                let post_norm = |s: &str| -> Result<Option<Vector>, ModelError> {
-                    if cfg.post_norms {
+                let when = |wanted: bool, s: &str| -> Result<Option<Vector>, ModelError> {
+                    if wanted {
                         ld.vector(&n(s), d).map(Some)
                     } else {
                         Ok(None)
                     }
                 };
+                // Q, K and V as row ranges of one fused tensor when the file has it (as
+                // llama.cpp accepts for any family), else their own tensors.
+                let qkv_name = n("attn_qkv.weight");
+                let (wq, wk, wv) = if ld.file.tensor(&qkv_name).is_some() {
+                    let all = q + 2 * kv;
+                    let rows = |at: usize, r: &Range<usize>| ld.rows(&qkv_name, d, all, at + r.start..at + r.end, true);
+                    (rows(0, &qr)?, rows(q, &kvr)?, rows(q + kv, &kvr)?)
+                } else {
+                    (
+                        ld.rows(&n("attn_q.weight"), d, q, qr.clone(), true)?,
+                        ld.rows(&n("attn_k.weight"), d, kv, kvr.clone(), true)?,
+                        ld.rows(&n("attn_v.weight"), d, kv, kvr.clone(), true)?,
+                    )
+                };
+                // Phi-3 fuses the gate (first half) and up (second half) projections.
+                let ffr = &part.ff_rows;
+                let (w_gate, w_up) = if cfg.arch == Arch::Phi3 {
+                    let up = n("ffn_up.weight");
+                    (ld.rows(&up, d, 2 * ff, ffr.clone(), true)?, ld.rows(&up, d, 2 * ff, ff + ffr.start..ff + ffr.end, true)?)
+                } else {
+                    (ld.rows(&n("ffn_gate.weight"), d, ff, ffr.clone(), true)?, ld.rows(&n("ffn_up.weight"), d, ff, ffr.clone(), true)?)
+                };
                 Ok(Some(LayerWeights {
-                    attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
-                    wq: ld.rows(&n("attn_q.weight"), d, q, qr.clone(), true)?,
-                    wk: ld.rows(&n("attn_k.weight"), d, kv, kvr.clone(), true)?,
-                    wv: ld.rows(&n("attn_v.weight"), d, kv, kvr.clone(), true)?,
+                    attn_norm: when(cfg.pre_norms, "attn_norm.weight")?,
+                    wq,
+                    wk,
+                    wv,
                     wo: ld.rows(&n("attn_output.weight"), q, d, part.embd_rows.clone(), true)?,
                     bq: bias("attn_q.bias", q, &qr)?,
                     bk: bias("attn_k.bias", kv, &kvr)?,
                     bv: bias("attn_v.bias", kv, &kvr)?,
-                    q_norm: head_norm("attn_q_norm.weight")?,
-                    k_norm: head_norm("attn_k_norm.weight")?,
-                    attn_post_norm: post_norm("post_attention_norm.weight")?,
-                    ffn_post_norm: post_norm("post_ffw_norm.weight")?,
-                    ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
-                    w_gate: ld.rows(&n("ffn_gate.weight"), d, ff, part.ff_rows.clone(), true)?,
-                    w_up: ld.rows(&n("ffn_up.weight"), d, ff, part.ff_rows.clone(), true)?,
+                    q_norm: qk_norm("attn_q_norm.weight", q)?,
+                    k_norm: qk_norm("attn_k_norm.weight", kv)?,
+                    attn_post_norm: when(cfg.post_norms, "post_attention_norm.weight")?,
+                    ffn_post_norm: when(cfg.post_norms, "post_ffw_norm.weight")?,
+                    ffn_norm: when(cfg.pre_norms, "ffn_norm.weight")?,
+                    w_gate,
+                    w_up,
                     w_down: ld.rows(&n("ffn_down.weight"), ff, d, part.embd_rows.clone(), true)?,
                 }))
             })

@@ -18,7 +18,7 @@ const FF: usize = 128;
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 16;
-const LAYERS: usize = 2;
+const LAYERS: usize = 4;
 
 struct Noise(u64);
 
@@ -81,24 +81,51 @@ fn build_with(arch: &str, matrix: GgmlType, meta: &[(&str, Value)], vectors: &[(
     add_vector(&mut w, "output_norm.weight", &noise.values(EMBD, 1.0));
     for l in 0..LAYERS {
         let n = |s: &str| format!("blk.{l}.{s}");
-        add_vector(&mut w, &n("attn_norm.weight"), &noise.values(EMBD, 1.0));
-        add_matrix(&mut w, &mut noise, &n("attn_q.weight"), matrix, EMBD, q);
-        add_matrix(&mut w, &mut noise, &n("attn_k.weight"), matrix, EMBD, kv);
-        add_matrix(&mut w, &mut noise, &n("attn_v.weight"), matrix, EMBD, kv);
+        let pre_norms = arch != "olmo2";
+        if pre_norms {
+            add_vector(&mut w, &n("attn_norm.weight"), &noise.values(EMBD, 1.0));
+        }
+        if arch == "phi3" {
+            add_matrix(&mut w, &mut noise, &n("attn_qkv.weight"), matrix, EMBD, q + 2 * kv);
+        } else {
+            add_matrix(&mut w, &mut noise, &n("attn_q.weight"), matrix, EMBD, q);
+            add_matrix(&mut w, &mut noise, &n("attn_k.weight"), matrix, EMBD, kv);
+            add_matrix(&mut w, &mut noise, &n("attn_v.weight"), matrix, EMBD, kv);
+        }
         add_matrix(&mut w, &mut noise, &n("attn_output.weight"), matrix, q, EMBD);
         if arch == "qwen2" {
             add_vector(&mut w, &n("attn_q.bias"), &noise.values(q, 0.5));
             add_vector(&mut w, &n("attn_k.bias"), &noise.values(kv, 0.5));
             add_vector(&mut w, &n("attn_v.bias"), &noise.values(kv, 0.5));
         }
-        if arch == "qwen3" {
-            add_vector(&mut w, &n("attn_q_norm.weight"), &noise.values(HEAD_DIM, 1.0));
-            add_vector(&mut w, &n("attn_k_norm.weight"), &noise.values(HEAD_DIM, 1.0));
+        match arch {
+            "qwen3" => {
+                add_vector(&mut w, &n("attn_q_norm.weight"), &noise.values(HEAD_DIM, 1.0));
+                add_vector(&mut w, &n("attn_k_norm.weight"), &noise.values(HEAD_DIM, 1.0));
+            }
+            "olmo2" => {
+                add_vector(&mut w, &n("attn_q_norm.weight"), &noise.values(q, 1.0));
+                add_vector(&mut w, &n("attn_k_norm.weight"), &noise.values(kv, 1.0));
+            }
+            _ => {}
         }
-        add_vector(&mut w, &n("ffn_norm.weight"), &noise.values(EMBD, 1.0));
-        add_matrix(&mut w, &mut noise, &n("ffn_gate.weight"), matrix, EMBD, FF);
-        add_matrix(&mut w, &mut noise, &n("ffn_up.weight"), matrix, EMBD, FF);
+        if matches!(arch, "olmo2" | "gemma2") {
+            add_vector(&mut w, &n("post_attention_norm.weight"), &noise.values(EMBD, 1.0));
+            add_vector(&mut w, &n("post_ffw_norm.weight"), &noise.values(EMBD, 1.0));
+        }
+        if pre_norms {
+            add_vector(&mut w, &n("ffn_norm.weight"), &noise.values(EMBD, 1.0));
+        }
+        if arch == "phi3" {
+            add_matrix(&mut w, &mut noise, &n("ffn_up.weight"), matrix, EMBD, 2 * FF);
+        } else {
+            add_matrix(&mut w, &mut noise, &n("ffn_gate.weight"), matrix, EMBD, FF);
+            add_matrix(&mut w, &mut noise, &n("ffn_up.weight"), matrix, EMBD, FF);
+        }
         add_matrix(&mut w, &mut noise, &n("ffn_down.weight"), matrix, FF, EMBD);
+    }
+    if arch == "olmo2" {
+        add_matrix(&mut w, &mut noise, "output.weight", GgmlType::Q8_0, EMBD, VOCAB);
     }
     for &(name, len) in vectors {
         add_vector(&mut w, name, &noise.values(len, 0.5));
@@ -123,11 +150,16 @@ fn logits(model: &Model, threads: usize, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
 }
 
 fn check(arch: &str, matrix: GgmlType, scaling: bool) {
-    let file = Arc::new(GgufFile::from_bytes(build(arch, matrix, scaling)).unwrap());
+    check_file(arch, build(arch, matrix, scaling));
+}
+
+fn check_file(arch: &str, bytes: Vec<u8>) {
+    let file = Arc::new(GgufFile::from_bytes(bytes).unwrap());
     let flat = Model::from_gguf(file.clone()).unwrap();
     let a: Vec<u32> = vec![5, 17, 33, 2, 90, 41, 7];
     let b: Vec<u32> = vec![60, 61, 62];
     let alone = logits(&flat, 2, std::slice::from_ref(&a));
+    assert_eq!(logits(&flat, 3, std::slice::from_ref(&a)), alone, "{arch}: threads changed the result");
     assert!(alone.iter().flatten().all(|v| v.is_finite()), "{arch}: non-finite logits");
     assert!(alone[0] != alone[1], "{arch}: logits do not depend on the input");
     // The same sequence inside a batch with another: identical bits.
@@ -158,6 +190,51 @@ fn qwen2_with_biases_runs() {
 #[test]
 fn qwen3_with_qk_norms_runs() {
     check("qwen3", GgmlType::Q5_1, false);
+}
+
+#[test]
+fn smollm3_without_rope_on_every_fourth_layer_runs() {
+    check("smollm3", GgmlType::Q4_0, false);
+}
+
+#[test]
+fn olmo2_with_whole_qk_norms_and_post_norms_only_runs() {
+    // Three nodes split Q and K so that each part norms rows it only partly computed.
+    check("olmo2", GgmlType::Q8_0, false);
+}
+
+#[test]
+fn gemma2_with_soft_capped_scores_and_a_short_window_runs() {
+    let meta = [("attention.sliding_window", Value::U32(4)), ("attn_logit_softcapping", Value::F32(3.0))];
+    check_file("gemma2", build_with("gemma2", GgmlType::Q8_0, &meta, &[]));
+    // The cap changes the scores' weights; a window as long as the sequence does nothing.
+    let run = |meta: &[(&str, Value)]| {
+        let model = Model::from_gguf(Arc::new(GgufFile::from_bytes(build_with("gemma2", GgmlType::Q8_0, meta, &[])).unwrap())).unwrap();
+        logits(&model, 2, &[vec![5, 17, 33, 2, 90, 41, 7]])
+    };
+    let capped = run(&meta);
+    assert_ne!(capped, run(&[meta[0].clone(), ("attn_logit_softcapping", Value::F32(300.0))]));
+    assert_ne!(capped, run(&[("attention.sliding_window", Value::U32(7)), meta[1].clone()]));
+    assert_eq!(run(&[("attention.sliding_window", Value::U32(7)), meta[1].clone()]), run(&[("attention.sliding_window", Value::U32(64)), meta[1].clone()]));
+}
+
+#[test]
+fn phi3_with_fused_tensors_and_rope_factors_runs() {
+    let half = HEAD_DIM / 2;
+    let vectors = [("rope_factors_short.weight", half), ("rope_factors_long.weight", half)];
+    let meta = [("rope.scaling.original_context_length", Value::U32(64)), ("rope.scaling.attn_factor", Value::F32(1.19))];
+    let bytes = || build_with("phi3", GgmlType::Q4_1, &meta, &vectors);
+    check_file("phi3", bytes());
+    // The long factors apply past the original context only.
+    let mut model = Model::from_gguf(Arc::new(GgufFile::from_bytes(bytes()).unwrap())).unwrap();
+    let seq = [vec![5u32, 17, 33, 2, 90, 41, 7]];
+    let short = logits(&model, 2, &seq);
+    model.fit_context(64);
+    assert_eq!(logits(&model, 2, &seq), short);
+    model.fit_context(65);
+    let long = logits(&model, 2, &seq);
+    assert_ne!(long, short);
+    assert_eq!(long[0], short[0], "position 0 turns by nothing either way");
 }
 
 #[test]
@@ -209,10 +286,10 @@ fn per_layer_shape_arrays_are_read_when_every_layer_agrees() {
     ]);
     assert_eq!(logits(&arrays.unwrap(), 2, &seq), scalar);
     let refused = |meta: &[(&str, Value)]| model(meta).err().expect("refused").to_string();
-    let varying = refused(&[("attention.head_count_kv", Value::Array(Array::U32(vec![2, 4])))]);
+    let varying = refused(&[("attention.head_count_kv", Value::Array(Array::U32(vec![2, 4, 2, 2])))]);
     assert!(varying.contains("head_count_kv varies by layer"), "{varying}");
     let short = refused(&[("feed_forward_length", Value::Array(Array::U32(vec![FF as u32])))]);
-    assert!(short.contains("1 per-layer values for 2 layers"), "{short}");
+    assert!(short.contains("1 per-layer values for 4 layers"), "{short}");
     let floats = refused(&[("attention.head_count", Value::Array(Array::F32(vec![4.0; LAYERS])))]);
     assert!(floats.contains("array[f32]"), "{floats}");
 }

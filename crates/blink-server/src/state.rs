@@ -204,12 +204,16 @@ impl Ready {
         for w in &loaded.warnings {
             eprintln!("blink: warning: {w}");
         }
-        let Loaded { model, tokenizer, template, .. } = loaded;
+        let Loaded { mut model, tokenizer, template, .. } = loaded;
         let (tokenizer, template) = (Arc::new(tokenizer), Arc::new(template.unwrap_or_else(ChatTemplate::chatml)));
 
         let ctx = model.cfg.context_for(opts.ctx_size);
         if let Some(w) = model.cfg.context_warning(ctx) {
             eprintln!("blink: warning: {w}");
+        }
+        if opts.ring.is_none() {
+            // A ring's devices keep the rope they load with; so does its head.
+            model.fit_context(ctx);
         }
         let kv_tokens = opts.kv_budget.filter(|&k| k > 0).unwrap_or(ctx.saturating_mul(opts.parallel.max(1)));
         if kv_tokens < ctx {

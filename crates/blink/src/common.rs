@@ -263,9 +263,11 @@ impl ComputeArgs {
         resolve_threads(self.threads)
     }
 
-    /// A single-conversation session's sizes for `model`.
-    pub fn session_config(&self, model: &Model) -> CliResult<blink_engine::SessionConfig> {
-        Ok(blink_engine::SessionConfig { n_ctx: self.ctx(model), n_threads: self.threads()?, n_batch: self.batch_size, kv_type: self.cache_type })
+    /// A single-conversation session's sizes for `model`, whose rope is fitted to them.
+    pub fn session_config(&self, model: &mut Model) -> CliResult<blink_engine::SessionConfig> {
+        let n_ctx = self.ctx(model);
+        model.fit_context(n_ctx);
+        Ok(blink_engine::SessionConfig { n_ctx, n_threads: self.threads()?, n_batch: self.batch_size, kv_type: self.cache_type })
     }
 
     /// The context to run with, warning on stderr past the trained one.

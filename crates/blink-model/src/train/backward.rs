@@ -8,7 +8,7 @@ use blink_kernels::fgemm::BSource;
 use super::buffers::{Saved, M};
 use super::elementwise::{rms_norm, rms_norm_backward, rope_backward, swiglu, swiglu_backward};
 use super::lora::PairView;
-use super::{attention, Run};
+use super::{attention, pre_norm, Run};
 use crate::config::RopeOrder;
 use crate::lora::LoraTarget;
 use crate::weights::Matrix;
@@ -35,14 +35,14 @@ impl Run<'_> {
 
         // The FFN block: x3 = x2 + down(swiglu(gate(xn2), up(xn2))).
         self.ctx.each(n, |t| unsafe {
-            rms_norm(s.x2.row(t), &lw.ffn_norm, eps, wv.xn.row_mut(t));
+            rms_norm(s.x2.row(t), pre_norm(&lw.ffn_norm), eps, wv.xn.row_mut(t));
             swiglu(s.gate.row(t), s.up.row(t), wv.h.row_mut(t));
         });
         self.project_back(wv.dx, &lw.w_down, wv.dh, false, wv.h, pair(LoraTarget::Down), kept(LoraTarget::Down));
         self.ctx.each(n, |t| unsafe { swiglu_backward(s.gate.row(t), s.up.row(t), wv.dh.row(t), wv.dg.row_mut(t), wv.du.row_mut(t)) });
         self.project_back(wv.dg, &lw.w_gate, wv.dxn, false, wv.xn, pair(LoraTarget::Gate), kept(LoraTarget::Gate));
         self.project_back(wv.du, &lw.w_up, wv.dxn, true, wv.xn, pair(LoraTarget::Up), kept(LoraTarget::Up));
-        self.ctx.each(n, |t| unsafe { rms_norm_backward(s.x2.row(t), &lw.ffn_norm, eps, wv.dxn.row(t), wv.dx.row_mut(t)) });
+        self.ctx.each(n, |t| unsafe { rms_norm_backward(s.x2.row(t), pre_norm(&lw.ffn_norm), eps, wv.dxn.row(t), wv.dx.row_mut(t)) });
 
         // The attention block: x2 = x + o(attention(rope(q(xn)), rope(k(xn)), v(xn))).
         self.project_back(wv.dx, &lw.wo, wv.da, false, s.attn, pair(LoraTarget::O), kept(LoraTarget::O));
@@ -53,12 +53,12 @@ impl Run<'_> {
             for h in wv.dq.row_mut(t).chunks_exact_mut(hd).chain(wv.dk.row_mut(t).chunks_exact_mut(hd)) {
                 rope_backward(table, h, neox);
             }
-            rms_norm(s.x.row(t), &lw.attn_norm, eps, wv.xn.row_mut(t));
+            rms_norm(s.x.row(t), pre_norm(&lw.attn_norm), eps, wv.xn.row_mut(t));
         });
         self.project_back(wv.dq, &lw.wq, wv.dxn, false, wv.xn, pair(LoraTarget::Q), kept(LoraTarget::Q));
         self.project_back(wv.dk, &lw.wk, wv.dxn, true, wv.xn, pair(LoraTarget::K), kept(LoraTarget::K));
         self.project_back(wv.dv, &lw.wv, wv.dxn, true, wv.xn, pair(LoraTarget::V), kept(LoraTarget::V));
-        self.ctx.each(n, |t| unsafe { rms_norm_backward(s.x.row(t), &lw.attn_norm, eps, wv.dxn.row(t), wv.dx.row_mut(t)) });
+        self.ctx.each(n, |t| unsafe { rms_norm_backward(s.x.row(t), pre_norm(&lw.attn_norm), eps, wv.dxn.row(t), wv.dx.row_mut(t)) });
     }
 
     /// Attention's gradients from `da` into `dq`, `dk` and `dv`. Each item is one

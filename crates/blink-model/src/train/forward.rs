@@ -6,7 +6,7 @@ use blink_kernels::fgemm::BSource;
 use super::buffers::{Saved, M};
 use super::elementwise::{rms_norm, rope, swiglu};
 use super::lora::PairView;
-use super::{attention, Run};
+use super::{attention, pre_norm, Run};
 use crate::config::RopeOrder;
 use crate::lora::LoraTarget;
 
@@ -45,7 +45,7 @@ impl Run<'_> {
 
         self.ctx.each(n, |t| unsafe {
             s.x.row_mut(t).copy_from_slice(wv.x.row(t));
-            rms_norm(wv.x.row(t), &lw.attn_norm, eps, wv.xn.row_mut(t));
+            rms_norm(wv.x.row(t), pre_norm(&lw.attn_norm), eps, wv.xn.row_mut(t));
         });
         let e = cfg.n_embd;
         self.project(wv.xn, e, &lw.wq, lw.bq.as_deref(), s.q, pair(LoraTarget::Q), kept(LoraTarget::Q));
@@ -64,7 +64,7 @@ impl Run<'_> {
             let x = wv.x.row_mut(t);
             x.iter_mut().zip(wv.tmp.row(t)).for_each(|(x, &o)| *x += o);
             s.x2.row_mut(t).copy_from_slice(x);
-            rms_norm(x, &lw.ffn_norm, eps, wv.xn.row_mut(t));
+            rms_norm(x, pre_norm(&lw.ffn_norm), eps, wv.xn.row_mut(t));
         });
         self.project(wv.xn, e, &lw.w_gate, None, s.gate, pair(LoraTarget::Gate), kept(LoraTarget::Gate));
         self.project(wv.xn, e, &lw.w_up, None, s.up, pair(LoraTarget::Up), kept(LoraTarget::Up));

@@ -167,12 +167,12 @@ impl<H: Deref<Target = Model>> Trainer<H> {
         if !w.holds(0..cfg.n_layers) {
             return Err(TrainError::Unsupported("a model holding only some of its layers (a ring device's share)".into()));
         }
-        if w.layers.iter().flatten().any(|l| l.q_norm.is_some() || l.k_norm.is_some()) {
-            return Err(TrainError::Unsupported(format!("the per-head Q/K norms of {}", cfg.arch.name())));
+        if cfg.qk_norm.is_some() {
+            return Err(TrainError::Unsupported(format!("the Q/K norms of {}", cfg.arch.name())));
         }
         // The backward pass is Llama's: a family with more in its blocks is refused by name.
-        if cfg.post_norms || cfg.ffn_act != crate::config::FfnAct::Silu || cfg.embd_scale.is_some() || cfg.sliding.is_some() || cfg.logit_softcap.is_some() || cfg.query_scale.is_some() || cfg.block_out_apart() || cfg.attn_scale.is_some() || cfg.logit_scale.is_some() {
-            return Err(TrainError::Unsupported(format!("the blocks of {} (norms after attention and the FFN, GeGLU, local layers, multipliers)", cfg.arch.name())));
+        if !cfg.pre_norms || cfg.no_rope_every.is_some() || cfg.attn_softcap.is_some() || cfg.post_norms || cfg.ffn_act != crate::config::FfnAct::Silu || cfg.embd_scale.is_some() || cfg.sliding.is_some() || cfg.logit_softcap.is_some() || cfg.query_scale.is_some() || cfg.block_out_apart() || cfg.attn_scale.is_some() || cfg.logit_scale.is_some() {
+            return Err(TrainError::Unsupported(format!("the blocks of {} (norms after attention and the FFN, GeGLU, local layers, layers without rope, soft-capping, multipliers)", cfg.arch.name())));
         }
         let max_tokens = max_tokens.max(1);
         let arena = Arena::new(cfg, max_tokens, &ranks)
@@ -441,4 +441,10 @@ pub fn zeros_like(params: &LoraTensors) -> LoraTensors {
         p.b.fill(0.0);
     }
     z
+}
+
+/// A block's input norm weights: every model the trainer takes has them (checked in
+/// [`Trainer::new`]).
+fn pre_norm(weight: &Option<crate::weights::Vector>) -> &[f32] {
+    weight.as_deref().expect("the trainer takes models with pre-norms only")
 }

@@ -100,11 +100,32 @@ pub fn main(args: Args) -> CliResult {
         let local = sw.layers.iter().filter(|&&l| l).count();
         outln!("sliding window:  {} tokens on {local} of {} layers (rope base {})", sw.window, cfg.n_layers, sw.rope.freq_base)?;
     }
-    if cfg.post_norms || cfg.ffn_act != blink_model::config::FfnAct::Silu {
-        outln!("blocks:          {}{}", if cfg.post_norms { "norms after attention and the FFN, " } else { "" }, match cfg.ffn_act {
-            blink_model::config::FfnAct::Silu => "SwiGLU",
-            blink_model::config::FfnAct::GeluTanh => "GeGLU (tanh GELU)",
-        })?;
+    let mut blocks = Vec::new();
+    if !cfg.pre_norms {
+        blocks.push("no norms before attention and the FFN".to_string());
+    }
+    if cfg.post_norms {
+        blocks.push("norms after attention and the FFN".to_string());
+    }
+    match cfg.qk_norm {
+        Some(blink_model::config::QkNorm::PerHead) => blocks.push("Q/K norms per head".to_string()),
+        Some(blink_model::config::QkNorm::Whole) => blocks.push("Q/K norms over the whole projection".to_string()),
+        None => {}
+    }
+    if let Some(n) = cfg.no_rope_every {
+        blocks.push(format!("no rope on every {n}th layer"));
+    }
+    if let Some(cap) = cfg.attn_softcap {
+        blocks.push(format!("attention scores capped at {cap}"));
+    }
+    if let Some(cap) = cfg.logit_softcap {
+        blocks.push(format!("logits capped at {cap}"));
+    }
+    if cfg.ffn_act != blink_model::config::FfnAct::Silu {
+        blocks.push("GeGLU (tanh GELU)".to_string());
+    }
+    if !blocks.is_empty() {
+        outln!("blocks:          {}", blocks.join(", "))?;
     }
     outln!("rms norm eps:    {:e}", cfg.norm_eps)?;
     outln!("tied output:     {}", file.tensor("output.weight").is_none())?;

@@ -27,9 +27,10 @@ pub struct Args {
 pub fn main(args: Args) -> CliResult {
     let text = read_input(&args.file)?;
     let text = String::from_utf8_lossy(&text);
-    let loaded = load_model(&args.model, Some(&args.compute))?;
+    let mut loaded = load_model(&args.model, Some(&args.compute))?;
     let tokens = loaded.tokenizer.encode(&text, true, false);
     let ctx = args.compute.ctx_size.filter(|&c| c > 0).unwrap_or(512);
+    loaded.model.fit_context(ctx);
     if let Some(w) = loaded.model.cfg.context_warning(ctx) {
         eprintln!("blink: warning: {w}");
     }

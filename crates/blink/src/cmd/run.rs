@@ -53,9 +53,9 @@ pub fn main(args: Args) -> CliResult {
         session.set_adapter(adapters)?;
         return complete(&args, session, &head.tokenizer, &prompt, head.n_ctx);
     }
-    let loaded = load_model(&args.model, Some(&args.compute))?;
+    let mut loaded = load_model(&args.model, Some(&args.compute))?;
     let prompt = prompt_tokens(&args, &text, &loaded.tokenizer, loaded.template.as_ref())?;
-    let cfg = args.compute.session_config(&loaded.model)?;
+    let cfg = args.compute.session_config(&mut loaded.model)?;
     let mut session = Session::new(&loaded.model, &cfg)?;
     session.set_adapter(args.lora.load(&loaded.model)?)?;
     complete(&args, session, &loaded.tokenizer, &prompt, cfg.n_ctx)

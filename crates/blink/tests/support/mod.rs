@@ -130,3 +130,4 @@ impl Watchdog {
         self.fired.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
+pub mod synthetic;

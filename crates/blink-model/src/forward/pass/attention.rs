@@ -12,6 +12,7 @@ use blink_kernels::ops;
 use super::buffers::{PartView, Write};
 use super::{Pass, StoreOf};
 use crate::kv_cache::BLOCK_TOKENS;
+use crate::config::QkNorm;
 use crate::lora::LoraTarget;
 use crate::weights::LayerWeights;
 
@@ -24,13 +25,40 @@ impl<T: StoreOf> Pass<'_, T> {
     pub(super) fn attention_in(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let (cfg, n) = (&self.model.cfg, self.rows.len());
         let hd = cfg.head_dim;
-        self.norm_rows(w, me, &lw.attn_norm, n, |r| r);
+        let input = self.block_input(w, me, lw.attn_norm.as_deref(), n);
         let (qc, kc) = (me.part.q_heads.start * hd, me.part.kv_heads.start * hd);
         let q = (&lw.wq, &me.q, qc, Write::Set, Some((layer, LoraTarget::Q)));
         let k = (&lw.wk, &me.k, kc, Write::Set, Some((layer, LoraTarget::K)));
         let v = (&lw.wv, &me.v, kc, Write::Set, Some((layer, LoraTarget::V)));
-        self.project(w, me, &me.xn, (cfg.n_embd, n), self.grouped_rows, &[q, k, v]);
+        self.project(w, me, input, (cfg.n_embd, n), self.grouped_rows, &[q, k, v]);
+        if cfg.qk_norm == Some(QkNorm::Whole) && self.n_parts > 1 {
+            self.share_qk(w, me);
+            w.global_barrier();
+        }
         self.qkv_post(w, me, layer, lw);
+    }
+
+    /// Copy this part's Q columns, and the K columns of its key/value heads that another
+    /// part lacks, into the other parts, so every part holds whole Q and K rows to norm.
+    /// (A head two parts hold is computed by both: neither writes the other's copy.)
+    fn share_qk(&self, w: &NodeWorker, me: &PartView<T>) {
+        let hd = self.model.cfg.head_dim;
+        let qc = me.part.q_heads.start * hd..me.part.q_heads.end * hd;
+        for r in w.share(self.rows.len(), 1) {
+            for other in self.others(w.node) {
+                // SAFETY: this part alone computed these columns; its threads split the
+                // rows; no part reads them before the next global barrier.
+                unsafe {
+                    other.q.cols_mut(r, qc.clone()).copy_from_slice(me.q.cols(r, qc.clone()));
+                    for &(g, rank, _) in &me.part.kv_groups {
+                        if rank == 0 && !other.part.kv_heads.contains(&g) {
+                            let cols = g * hd..(g + 1) * hd;
+                            other.k.cols_mut(r, cols.clone()).copy_from_slice(me.k.cols(r, cols));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The output projection: the part's rows of the residual stream (or of `xn`, when the
@@ -63,27 +91,40 @@ impl<T: StoreOf> Pass<'_, T> {
                 unsafe { attention::prefetch(me.kc.slice(at..at + hd), me.vc.slice(at..at + hd)) };
             }
         }
+        let ropes = cfg.ropes(layer);
         for r in w.share(self.rows.len(), 1) {
             // SAFETY: each thread owns its rows of q, k, v, and the cache slots of those rows'
-            // positions (distinct rows have distinct (sequence, position) pairs).
-            let (q, k, v) = unsafe { (me.q.cols_mut(r, qc.clone()), me.k.cols_mut(r, kc.clone()), me.v.cols_mut(r, kc.clone())) };
-            for (x, b) in [(&mut *q, &lw.bq), (&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
+            // positions (distinct rows have distinct (sequence, position) pairs). Whole rows
+            // of q and k are read only to norm them whole (shared before the barrier).
+            let (q_row, k_row, v) = unsafe { (me.q.row_mut(r), me.k.row_mut(r), me.v.cols_mut(r, kc.clone())) };
+            for (x, b) in [(&mut q_row[qc.clone()], &lw.bq), (&mut k_row[kc.clone()], &lw.bk), (&mut *v, &lw.bv)] {
                 if let Some(b) = b {
                     x.iter_mut().zip(b.iter()).for_each(|(x, b)| *x += b);
                 }
             }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, qn, cfg.norm_eps));
-                k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, kn, cfg.norm_eps));
+                match cfg.qk_norm {
+                    Some(QkNorm::Whole) => {
+                        ops::rms_norm_cols_in_place(self.isa, q_row, qn, cfg.norm_eps, qc.clone());
+                        ops::rms_norm_cols_in_place(self.isa, k_row, kn, cfg.norm_eps, kc.clone());
+                    }
+                    _ => {
+                        q_row[qc.clone()].chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, qn, cfg.norm_eps));
+                        k_row[kc.clone()].chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, kn, cfg.norm_eps));
+                    }
+                }
             }
-            // SAFETY: written before the pass's first barrier.
-            let angles = unsafe { me.rope.row(r) };
-            let (rope, angles) = match &self.model.rope_local {
-                Some(local) if cfg.is_local(layer) => (local, &angles[cfg.rope.n_dims..]),
-                _ => (rope, angles),
-            };
-            q.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
-            k.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
+            let (q, k) = (&mut q_row[qc.clone()], &mut k_row[kc.clone()]);
+            if ropes {
+                // SAFETY: written before the pass's first barrier.
+                let angles = unsafe { me.rope.row(r) };
+                let (rope, angles) = match &self.model.rope_local {
+                    Some(local) if cfg.is_local(layer) => (local, &angles[cfg.rope.n_dims..]),
+                    _ => (rope, angles),
+                };
+                q.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
+                k.chunks_exact_mut(hd).for_each(|h| rope.apply(self.isa, angles, h));
+            }
             if let Some(s) = cfg.query_scale {
                 q.iter_mut().for_each(|x| *x *= s);
             }
@@ -139,6 +180,7 @@ impl<T: StoreOf> Pass<'_, T> {
             (None, Some(s)) => s,
             (None, None) => 1.0 / (hd as f32).sqrt(),
         };
+        let scale = attention::Scale::new(scale, cfg.attn_softcap);
         // A local layer's query sees its last `window` positions only.
         let window = cfg.sliding.as_ref().filter(|_| cfg.is_local(layer)).map(|s| s.window);
         // SAFETY: per-thread scratch row.

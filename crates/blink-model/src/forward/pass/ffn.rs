@@ -16,11 +16,11 @@ impl<T: StoreOf> Pass<'_, T> {
     /// Norm, gate and up, SwiGLU (no barrier at the end: each thread's rows are done).
     pub(super) fn ffn_in(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let (cfg, n) = (&self.model.cfg, self.rows.len());
-        self.norm_rows(w, me, &lw.ffn_norm, n, |r| r);
+        let input = self.block_input(w, me, lw.ffn_norm.as_deref(), n);
         let fc = me.part.ff_rows.start;
         let gate = (&lw.w_gate, &me.gate, fc, Write::Set, Some((layer, LoraTarget::Gate)));
         let up = (&lw.w_up, &me.up, fc, Write::Set, Some((layer, LoraTarget::Up)));
-        self.project(w, me, &me.xn, (cfg.n_embd, n), self.grouped_ffn(layer), &[gate, up]);
+        self.project(w, me, input, (cfg.n_embd, n), self.grouped_ffn(layer), &[gate, up]);
         for r in w.share(n, 1) {
             // SAFETY: rows are split between the node's threads; gate/up were completed
             // before the barrier that ended the projection.

@@ -30,6 +30,7 @@ use blink_runtime::pool::SharedMut;
 
 use super::scratch::{PartScratch, LORA_PRODUCTS};
 use super::{Scratch, Step, StepInput, StepOutput, StepRow};
+use crate::config::QkNorm;
 use crate::kv_cache::{KvData, KvElem, KvShard, KvStore, TableSnapshot};
 use crate::lora::LoraMix;
 use crate::parallel::tensor::{TensorPart, MAX_PARTS};
@@ -183,7 +184,12 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             let lw = me.w.layer(l);
             self.attention_in(w, me, l, lw);
             if self.model.split.shares_kv {
-                w.group_barrier();
+                if self.model.cfg.qk_norm == Some(QkNorm::Whole) {
+                    // The norms read every part's Q columns, which the sharing rewrites.
+                    w.global_barrier();
+                } else {
+                    w.group_barrier();
+                }
                 self.share_queries(w, me);
                 w.global_barrier();
             } else {
@@ -338,6 +344,18 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             if let Some(local) = &self.model.rope_local {
                 local.angles(self.rows[r].pos, &mut row[n_dims..]);
             }
+        }
+    }
+
+    /// A block's input: its norm of the residual stream in `xn`, or the stream itself for a
+    /// model without pre-norms (OLMo 2).
+    fn block_input<'s>(&'s self, w: &NodeWorker, me: &'s PartView<'a, T>, norm: Option<&[f32]>, count: usize) -> &'s Buf<'a> {
+        match norm {
+            Some(weight) => {
+                self.norm_rows(w, me, weight, count, |r| r);
+                &me.xn
+            }
+            None => &me.x,
         }
     }
 

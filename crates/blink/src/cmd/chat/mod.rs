@@ -49,7 +49,7 @@ pub fn main(args: Args) -> CliResult {
     if let Some(w) = loaded.chatml_if_missing() {
         eprintln!("blink: warning: {w}");
     }
-    let cfg = args.compute.session_config(&loaded.model)?;
+    let cfg = args.compute.session_config(&mut loaded.model)?;
     let mut session = Session::new(&loaded.model, &cfg)?;
     session.set_adapter(args.lora.load(&loaded.model)?)?;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();

@@ -1,0 +1,71 @@
+//! `blink` against llama.cpp on the families without a small public model to hand:
+//! the default model's weights under Granite, SmolLM3, OLMo 2, Gemma 2 and Phi-3
+//! (`support::synthetic`, made as `scripts/llamacpp_ref/make_synthetic.py` made the
+//! files of `testdata/golden/synthetic-<arch>.json`). For each: llama.cpp's greedy text
+//! (32 tokens, up to the first near-tie) on the same bytes, flat and over two simulated nodes, and its
+//! perplexity: the mean log-likelihood per token within 0.5%.
+
+mod support;
+
+use support::synthetic::synthetic;
+use support::*;
+
+fn reference(arch: &str) -> serde_json::Value {
+    let path = repo_root().join(format!("testdata/golden/synthetic-{arch}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn gives_llama_cpps_text_and_perplexity(arch: &str) {
+    let model = synthetic(arch);
+    let m = model.to_str().unwrap();
+    let r = reference(arch);
+    // The very file llama.cpp ran, byte for byte.
+    let sha: String = blink_cluster::auth::file_sha256(&model).unwrap().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(sha, r["model_sha256"].as_str().unwrap(), "{arch}: the file differs from the one llama.cpp ran");
+    for case in r["greedy"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let owed = case["exact_text_owed"].as_str().unwrap();
+        for extra in [&[][..], &["--numa-nodes", "2"][..]] {
+            let mut args = vec!["run", "-m", m, "--raw", "--temp", "0", "-n", "32", "-t", THREADS, "-p", prompt];
+            args.extend(extra);
+            let out = blink(&args);
+            ok(&out);
+            assert!(stdout(&out).starts_with(owed), "{arch} {extra:?} prompt {prompt:?}\n  owed: {owed:?}\n  got:  {:?}", stdout(&out));
+        }
+    }
+    let case = &r["perplexity"][0];
+    let text = repo_root().join("testdata/golden").join(case["name"].as_str().unwrap());
+    let out = blink(&["perplexity", "-m", m, "-f", text.to_str().unwrap(), "-c", "512", "-t", THREADS]);
+    ok(&out);
+    let ppl: f64 = stdout(&out).lines().last().and_then(|l| l.split("PPL = ").nth(1)).and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok()).expect("a PPL line");
+    let want = case["ppl"].as_f64().unwrap();
+    let nll_gap = (ppl.ln() - want.ln()).abs() / want.ln();
+    eprintln!("{arch} perplexity: blink {ppl:.4}, llama.cpp {want:.4} (mean log-likelihood {:.3}% apart)", 100.0 * nll_gap);
+    assert!(nll_gap < 0.005, "{arch}: PPL {ppl} vs llama.cpp {want}");
+    let _ = std::fs::remove_file(&model);
+}
+
+#[test]
+fn granite_gives_llama_cpps_text_and_perplexity() {
+    gives_llama_cpps_text_and_perplexity("granite");
+}
+
+#[test]
+fn smollm3_gives_llama_cpps_text_and_perplexity() {
+    gives_llama_cpps_text_and_perplexity("smollm3");
+}
+
+#[test]
+fn olmo2_gives_llama_cpps_text_and_perplexity() {
+    gives_llama_cpps_text_and_perplexity("olmo2");
+}
+
+#[test]
+fn gemma2_gives_llama_cpps_text_and_perplexity() {
+    gives_llama_cpps_text_and_perplexity("gemma2");
+}
+
+#[test]
+fn phi3_gives_llama_cpps_text_and_perplexity() {
+    gives_llama_cpps_text_and_perplexity("phi3");
+}

@@ -1,0 +1,91 @@
+//! The default model's weights under another architecture, made as
+//! `scripts/llamacpp_ref/make_synthetic.py` made the files
+//! llama.cpp ran for `testdata/golden/synthetic-<arch>.json`: keep the two in step.
+
+use std::path::PathBuf;
+
+use blink_gguf::{GgmlType, GgufFile, GgufWriter, Value};
+
+use super::model_path;
+
+/// Gemma 2's sliding window in these files.
+pub const GEMMA2_WINDOW: u32 = 16;
+
+/// Write the default model as `arch` to a temporary file (the caller removes it).
+pub fn synthetic(arch: &str) -> PathBuf {
+    let src = GgufFile::open(model_path()).unwrap();
+    let mut w = GgufWriter::new();
+    let key = |k: &str| k.strip_prefix("llama.").map_or_else(|| k.to_string(), |rest| format!("{arch}.{rest}"));
+    for (k, v) in src.metadata() {
+        match k.as_str() {
+            "general.alignment" => {}
+            "general.architecture" => w.add(k.clone(), Value::String(arch.into())).unwrap(),
+            "llama.context_length" if arch == "phi3" => {}
+            _ => w.add(key(k), v.clone()).unwrap(),
+        }
+    }
+    let extra: &[(&str, Value)] = match arch {
+        "granite" => &[("embedding_scale", Value::F32(1.5)), ("residual_scale", Value::F32(1.25)), ("attention.scale", Value::F32(0.1)), ("logit_scale", Value::F32(0.5))],
+        "gemma2" => &[("attention.sliding_window", Value::U32(GEMMA2_WINDOW)), ("attn_logit_softcapping", Value::F32(2.0)), ("final_logit_softcapping", Value::F32(30.0))],
+        "phi3" => &[("context_length", Value::U32(2048)), ("rope.scaling.original_context_length", Value::U32(1024)), ("rope.scaling.attn_factor", Value::F32(1.190_238_1))],
+        _ => &[],
+    };
+    for (k, v) in extra {
+        w.add(format!("{arch}.{k}"), v.clone()).unwrap();
+    }
+    let n_embd = src.get_u32("llama.embedding_length").unwrap() as usize;
+    let heads = src.get_u32("llama.attention.head_count").unwrap() as usize;
+    let kv_width = src.get_u32("llama.attention.head_count_kv").unwrap() as usize * (n_embd / heads);
+    let tensor = |name: &str| {
+        let t = src.tensors().iter().find(|t| t.name == name).unwrap_or_else(|| panic!("{name} in the default model"));
+        (t.ty, t.dims.clone(), src.tensor_data(t).to_vec())
+    };
+    let add = |w: &mut GgufWriter, name: String, (ty, dims, data): (GgmlType, Vec<u64>, Vec<u8>)| w.add_tensor_owned(name, ty, &dims, data).unwrap();
+    // Row-major tensors one after another along their rows.
+    let stacked = |names: &[String]| {
+        let parts: Vec<_> = names.iter().map(|n| tensor(n)).collect();
+        let rows = parts.iter().map(|p| p.1[1]).sum();
+        (parts[0].0, vec![parts[0].1[0], rows], parts.iter().flat_map(|p| p.2.clone()).collect())
+    };
+    for t in src.tensors() {
+        let name = t.name.as_str();
+        let Some((blk, rest)) = name.strip_prefix("blk.").and_then(|s| s.split_once('.')).map(|(i, rest)| (format!("blk.{i}."), rest)) else {
+            add(&mut w, name.to_string(), tensor(name));
+            continue;
+        };
+        match (arch, rest) {
+            ("olmo2", "attn_norm.weight") => {
+                add(&mut w, format!("{blk}post_attention_norm.weight"), tensor(name));
+                add(&mut w, format!("{blk}attn_q_norm.weight"), tensor(name));
+            }
+            ("olmo2", "ffn_norm.weight") => {
+                add(&mut w, format!("{blk}post_ffw_norm.weight"), tensor(name));
+                let (ty, _, data) = tensor(name);
+                add(&mut w, format!("{blk}attn_k_norm.weight"), (ty, vec![kv_width as u64], data[..kv_width * 4].to_vec()));
+            }
+            ("gemma2", "attn_norm.weight" | "ffn_norm.weight") => {
+                add(&mut w, name.to_string(), tensor(name));
+                let post = if rest == "attn_norm.weight" { "post_attention_norm.weight" } else { "post_ffw_norm.weight" };
+                add(&mut w, format!("{blk}{post}"), tensor(name));
+            }
+            ("phi3", "attn_q.weight") => add(&mut w, format!("{blk}attn_qkv.weight"), stacked(&["attn_q", "attn_k", "attn_v"].map(|p| format!("{blk}{p}.weight")))),
+            ("phi3", "ffn_up.weight") => add(&mut w, name.to_string(), stacked(&["ffn_gate", "ffn_up"].map(|p| format!("{blk}{p}.weight")))),
+            ("phi3", "attn_k.weight" | "attn_v.weight" | "ffn_gate.weight") => {}
+            _ => add(&mut w, name.to_string(), tensor(name)),
+        }
+    }
+    if arch == "olmo2" {
+        add(&mut w, "output.weight".into(), tensor("token_embd.weight"));
+    }
+    if arch == "phi3" {
+        let half = n_embd / heads / 2;
+        for (name, long) in [("rope_factors_long.weight", true), ("rope_factors_short.weight", false)] {
+            // As the script: short near 1, long growing with the dimension.
+            let f: Vec<u8> = (0..half).map(|i| if long { 1.0 + 0.02 * i as f64 } else { 1.0 + 0.001 * (i % 5) as f64 } as f32).flat_map(f32::to_le_bytes).collect();
+            add(&mut w, name.into(), (GgmlType::F32, vec![half as u64], f));
+        }
+    }
+    let path = std::env::temp_dir().join(format!("blink-{arch}-{}.gguf", std::process::id()));
+    w.write(&path).unwrap();
+    path
+}
