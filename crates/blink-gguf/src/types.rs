@@ -25,6 +25,8 @@ pub enum GgmlType {
     Q5_K,
     Q6_K,
     Q8_K,
+    IQ4_NL,
+    IQ4_XS,
     BF16,
 }
 
@@ -33,7 +35,7 @@ pub const QK_K: usize = 256;
 
 impl GgmlType {
     /// Every supported type, in id order.
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 17] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -48,6 +50,8 @@ impl GgmlType {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::BF16,
     ];
 
@@ -73,6 +77,8 @@ impl GgmlType {
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::Q8_K => 15,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
         }
     }
@@ -82,7 +88,8 @@ impl GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
-            GgmlType::Q8_0 | GgmlType::Q8_1 => 32,
+            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::IQ4_NL => 32,
+            GgmlType::IQ4_XS => QK_K,
             GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K => QK_K,
             GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => QK_K,
         }
@@ -105,6 +112,8 @@ impl GgmlType {
             GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
             GgmlType::Q8_K => 292,
+            GgmlType::IQ4_NL => 18,
+            GgmlType::IQ4_XS => 136,
         }
     }
 
@@ -140,6 +149,8 @@ impl GgmlType {
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
             GgmlType::Q8_K => "Q8_K",
+            GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::IQ4_XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
         }
     }

@@ -9,15 +9,17 @@
 //! when `w_i` cancels to near zero). For float rows it is the recursive-summation bound
 //! `(n + 2)·2⁻²⁴·Σ|w_i·a_i|`.
 //!
-//! One intended difference: `Q4_1`/`Q5_1` use the `Q8_1` sum field `s = f16(d·Σq)` rather
+//! Two intended differences: `Q4_1`/`Q5_1` use the `Q8_1` sum field `s = f16(d·Σq)` rather
 //! than `f16(d)·Σq`, so per block they differ from the dequantized dot by
-//! `m_w·(s - f16(d)·Σq)`; that amount is added to the bound (computed from the blocks).
+//! `m_w·(s - f16(d)·Σq)`; and `IQ4_XS` multiplies as llama.cpp's sign trick does, so an
+//! activation of −128 against a negative table value gives the product's negation. Both
+//! amounts are added to the bound (computed from the blocks).
 
 mod common;
 
 use blink_gguf::GgmlType;
 use blink_kernels::quant::{
-    dequantize_row, quantize_row, quantize_weights, vec_dot_in, Block, BlockQ2K,
+    dequantize_row, quantize_row, quantize_weights, vec_dot_in, Block, BlockIQ4NL, BlockIQ4XS, BlockQ2K,
     BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
     BlockQ8_0, BlockQ8_1, WeightType,
 };
@@ -60,9 +62,31 @@ fn clear_quants(ty: GgmlType, row: &[u8]) -> Vec<u8> {
             (b.ql, b.qh) = ([0; 128], [0; 64])
         }),
         Q8_K => map_blocks(&mut r, |b: &mut BlockQ8K| b.qs = [127; 256]),
+        // No offset: the smallest table value (1) stands for a cleared quant.
+        IQ4_NL => map_blocks(&mut r, |b: &mut BlockIQ4NL| b.qs = [0x88; 16]),
+        IQ4_XS => map_blocks(&mut r, |b: &mut BlockIQ4XS| b.qs = [0x88; 128]),
         F32 | F16 | BF16 => {}
     }
     r
+}
+
+/// `Σ 2·|w_i·a_i|` over the `IQ4_XS` elements whose table value is negative against an
+/// activation quant of −128 (the sign trick's wrap); 0 for other types.
+fn sign_trick_allowance(ty: GgmlType, w: &[u8], act: &[u8], wf: &[f32], af: &[f32]) -> f64 {
+    if ty != GgmlType::IQ4_XS {
+        return 0.0;
+    }
+    let mut total = 0.0;
+    for (b, (wb, ab)) in w.chunks_exact(136).map(BlockIQ4XS::read).zip(act.chunks_exact(292).map(BlockQ8K::read)).enumerate() {
+        for e in 0..256 {
+            let (g, k) = (e / 32, e % 32);
+            let index = if k < 16 { wb.qs[16 * g + k] & 0x0f } else { wb.qs[16 * g + k - 16] >> 4 };
+            if index < 8 && ab.qs[e] == -128 {
+                total += 2.0 * (wf[256 * b + e] as f64 * af[256 * b + e] as f64).abs();
+            }
+        }
+    }
+    total
 }
 
 /// `Σ |m_w|·|s_a - f16(d_a)·Σq_a|` for the `_1` formats, 0 otherwise.
@@ -104,7 +128,7 @@ fn check_dot(ty: GgmlType, w: &[u8], x: &[f32]) {
         let m: f64 = (0..n)
             .map(|i| (af[i] as f64).abs() * ((wf[i] as f64).abs() + (zf[i] as f64).abs()))
             .sum();
-        (n / ty.block_size() + 4) as f64 * EPS * m + q8_1_sum_allowance(ty, w, &act) * (1.0 + 1e-6)
+        (n / ty.block_size() + 4) as f64 * EPS * m + (q8_1_sum_allowance(ty, w, &act) + sign_trick_allowance(ty, w, &act, &wf, &af)) * (1.0 + 1e-6)
     } else {
         (n + 2) as f64
             * EPS
@@ -123,7 +147,7 @@ fn check_dot(ty: GgmlType, w: &[u8], x: &[f32]) {
     }
 }
 
-const WEIGHT_TYPES: [GgmlType; 15] = GgmlType::ALL;
+const WEIGHT_TYPES: [GgmlType; 17] = GgmlType::ALL;
 
 fn gaussian(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.normal() * scale).collect()
@@ -156,6 +180,8 @@ fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
         Q4_K => map_blocks(&mut row, |b: &mut BlockQ4K| (b.d, b.dmin) = (h(), h())),
         Q5_K => map_blocks(&mut row, |b: &mut BlockQ5K| (b.d, b.dmin) = (h(), h())),
         Q6_K => map_blocks(&mut row, |b: &mut BlockQ6K| b.d = h()),
+        IQ4_NL => map_blocks(&mut row, |b: &mut BlockIQ4NL| b.d = h()),
+        IQ4_XS => map_blocks(&mut row, |b: &mut BlockIQ4XS| b.d = h()),
         Q8_K => map_blocks(&mut row, |b: &mut BlockQ8K| {
             b.d = (rng_seed(&b.qs[..]) % 1000) as f32 * 1e-5;
             for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
@@ -207,7 +233,7 @@ proptest! {
 
     #[test]
     fn prop_dot_matches_dequantized(
-        type_index in 0usize..15,
+        type_index in 0usize..17,
         superblocks in 1usize..5,
         seed in any::<u64>(),
         w_scale in 1e-3f32..10.0,

@@ -7,7 +7,10 @@
 
 mod support;
 
-use support::synthetic::synthetic;
+use std::path::Path;
+
+use blink_gguf::GgmlType;
+use support::synthetic::{requantized, synthetic};
 use support::*;
 
 fn reference(arch: &str) -> serde_json::Value {
@@ -16,11 +19,17 @@ fn reference(arch: &str) -> serde_json::Value {
 }
 
 fn gives_llama_cpps_text_and_perplexity(arch: &str) {
-    let model = synthetic(arch);
+    check_against_llama_cpp(arch, &synthetic(arch));
+}
+
+fn check_against_llama_cpp(arch: &str, model: &Path) {
+    if let Some(dir) = std::env::var_os("BLINK_KEEP_SYNTHETIC") {
+        std::fs::copy(model, Path::new(&dir).join(format!("{arch}.gguf"))).unwrap();
+    }
     let m = model.to_str().unwrap();
     let r = reference(arch);
     // The very file llama.cpp ran, byte for byte.
-    let sha: String = blink_cluster::auth::file_sha256(&model).unwrap().iter().map(|b| format!("{b:02x}")).collect();
+    let sha: String = blink_cluster::auth::file_sha256(model).unwrap().iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(sha, r["model_sha256"].as_str().unwrap(), "{arch}: the file differs from the one llama.cpp ran");
     for case in r["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
@@ -42,7 +51,7 @@ fn gives_llama_cpps_text_and_perplexity(arch: &str) {
     let nll_gap = (ppl.ln() - want.ln()).abs() / want.ln();
     eprintln!("{arch} perplexity: blink {ppl:.4}, llama.cpp {want:.4} (mean log-likelihood {:.3}% apart)", 100.0 * nll_gap);
     assert!(nll_gap < 0.005, "{arch}: PPL {ppl} vs llama.cpp {want}");
-    let _ = std::fs::remove_file(&model);
+    let _ = std::fs::remove_file(model);
 }
 
 #[test]
@@ -68,4 +77,18 @@ fn gemma2_gives_llama_cpps_text_and_perplexity() {
 #[test]
 fn phi3_gives_llama_cpps_text_and_perplexity() {
     gives_llama_cpps_text_and_perplexity("phi3");
+}
+
+#[test]
+fn iq4_nl_and_iq4_xs_give_llama_cpps_text_and_perplexity() {
+    // IQ4_XS where a row is whole super-blocks (the FFN's down projection), IQ4_NL elsewhere,
+    // as llama-quantize falls back.
+    let model = requantized("iq4", |cols| if cols.is_multiple_of(256) { GgmlType::IQ4_XS } else { GgmlType::IQ4_NL });
+    check_against_llama_cpp("iq4", &model);
+}
+
+#[test]
+fn q4_0_gives_llama_cpps_text_and_perplexity() {
+    // llama.cpp's x86 build repacks Q4_0 and adds whole block sums: Blink's order for it.
+    check_against_llama_cpp("q4_0", &requantized("q4_0", |_| GgmlType::Q4_0));
 }

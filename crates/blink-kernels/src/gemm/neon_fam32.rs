@@ -308,7 +308,8 @@ pub(super) unsafe fn gemm_neon(order: DotOrder, ty: blink_gguf::GgmlType, cols: 
         };
     }
     match ty {
-        T::Q4_0 => run!(Q4_0),
+        // One order: llama.cpp's x86 one (repacked `q4_0_8x8`) is the block order.
+        T::Q4_0 => gemm::<Q4_0, true>(cols, w, rows, act, act_stride, n_act, out),
         T::Q4_1 => run!(Q4_1),
         T::Q5_0 => run!(Q5_0),
         T::Q5_1 => run!(Q5_1),

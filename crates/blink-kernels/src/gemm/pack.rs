@@ -43,7 +43,8 @@ impl Fields {
             Some(Fields { block, m, qh, qs, bits })
         }
         match ty {
-            GgmlType::Q4_0 => f(18, None, None, 2, 4),
+            // IQ4_NL's nibbles index a table; stored as Q4_0's.
+            GgmlType::Q4_0 | GgmlType::IQ4_NL => f(18, None, None, 2, 4),
             GgmlType::Q4_1 => f(20, Some(2), None, 4, 4),
             GgmlType::Q5_0 => f(22, None, Some(2), 6, 4),
             GgmlType::Q5_1 => f(24, Some(2), Some(4), 8, 4),

@@ -1,5 +1,5 @@
 //! AVX2 / AVX-512-VNNI kernels for the 32-element formats (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`,
-//! `Q8_0`) against their 8-bit activations, over the interleaved layout of [`super::pack`]
+//! `Q8_0`, `IQ4_NL`) against their 8-bit activations, over the interleaved layout of [`super::pack`]
 //! (row-major matrices are packed a group at a time on the fly).
 //!
 //! Each block's 32 products reduce to eight exact `i32` lanes of four (VNNI `dpbusd`, or
@@ -40,6 +40,10 @@ pub(super) trait Fam32 {
     /// Quants are signed bytes, used as they are: each product is |q| · (a · sign q),
     /// whose pair sums fit in 16 bits (|q| ≤ 128, |a| ≤ 127), so no offset is needed.
     const SIGNED: bool = false;
+    /// 4-bit quants index [`KVALUES_IQ4NL`](crate::quant::KVALUES_IQ4NL), whose signed
+    /// values the kernel multiplies (one in-lane shuffle per vector); such formats have one
+    /// order, the block order.
+    const LUT: bool = false;
 }
 
 pub(super) struct Q4_0;
@@ -47,6 +51,7 @@ pub(super) struct Q4_1;
 pub(super) struct Q5_0;
 pub(super) struct Q5_1;
 pub(super) struct Q8_0;
+pub(super) struct IQ4NL;
 
 macro_rules! fam32 {
     ($t:ident, $act_bytes:expr, $act_qs:expr, $offset:expr, $small:expr) => {
@@ -69,6 +74,18 @@ fam32!(Q4_1, 36, 4, 0, true);
 fam32!(Q5_0, 34, 2, 16, true);
 fam32!(Q5_1, 36, 4, 0, true);
 fam32!(Q8_0, 34, 2, 0, true);
+
+impl Fam32 for IQ4NL {
+    const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::IQ4_NL) {
+        Some(f) => f,
+        None => panic!("not a packable type"),
+    };
+    const ACT_BYTES: usize = 34;
+    const ACT_QS: usize = 2;
+    const OFFSET: i32 = 0;
+    const SIGNED: bool = true;
+    const LUT: bool = true;
+}
 
 /// Bit `k` of the 32-bit word at `qh` as value 16 in byte `k`.
 #[inline(always)]
@@ -103,6 +120,15 @@ unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize, signed: bool) -> (__m2
     let mask = _mm256_set1_epi8(0x0f);
     let mut lo = _mm256_and_si256(raw, mask);
     let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
+    if F::LUT {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        let (lo, hi) = (_mm256_shuffle_epi8(table, lo), _mm256_shuffle_epi8(table, hi));
+        if signed {
+            return (lo, hi);
+        }
+        let flip = _mm256_set1_epi8(i8::MIN);
+        return (_mm256_xor_si256(lo, flip), _mm256_xor_si256(hi, flip));
+    }
     if F::FIELDS.qh.is_some() {
         lo = _mm256_or_si256(lo, fifth_bits(gb.add(qh_at + 4 * l)));
         hi = _mm256_or_si256(hi, fifth_bits(gb.add(qh_at + 4 * (l + 4))));
@@ -670,11 +696,19 @@ macro_rules! dispatch {
                 };
             }
             match ty {
-                T::Q4_0 => run!(Q4_0),
+                // One order: llama.cpp's (repacked `q4_0_8x8`) is the block order.
+                T::Q4_0 => match layout {
+                    Layout::Packed => gemm::<Q4_0, $dot, true, false>(cols, w, rows, act, act_stride, n_act, out),
+                    Layout::RowMajor => gemm::<Q4_0, $dot, true, true>(cols, w, rows, act, act_stride, n_act, out),
+                },
                 T::Q4_1 => run!(Q4_1),
                 T::Q5_0 => run!(Q5_0),
                 T::Q5_1 => run!(Q5_1),
                 T::Q8_0 => run!(Q8_0),
+                T::IQ4_NL => match layout {
+                    Layout::Packed => gemm::<IQ4NL, $dot, true, false>(cols, w, rows, act, act_stride, n_act, out),
+                    Layout::RowMajor => gemm::<IQ4NL, $dot, true, true>(cols, w, rows, act, act_stride, n_act, out),
+                },
                 _ => return false,
             }
             true

@@ -1,5 +1,5 @@
 //! AVX2 / AVX-512-VNNI kernels for the k-quants (`Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`)
-//! against `Q8_K` activations, over row-major weights.
+//! and `IQ4_XS` against `Q8_K` activations, over row-major weights.
 //!
 //! The scalar reference computes, per 256-element super-block, exact integer sums (`isum`
 //! of scale × group dot, and for the formats with mins `summ` from the activation's
@@ -323,6 +323,44 @@ impl KQuant for Q6K {
     }
 }
 
+/// `IQ4_XS`: eight 32-element groups of 4-bit indices into the non-linear table, each with
+/// a 6-bit scale. The signed values multiply the activations with llama.cpp's sign trick
+/// (`maddubs(|v|, sign(a, v))`), quirk included (see `quant::iquants`).
+struct IQ4XS;
+
+impl KQuant for IQ4XS {
+    const BYTES: usize = 136;
+    const D: usize = 0;
+    const DMIN: Option<usize> = None;
+    const LANES: bool = true;
+
+    #[inline(always)]
+    unsafe fn ints<M: Mac, const NA: usize>(w: *const u8, a: &[*const u8; NA]) -> ([__m256i; NA], [__m256i; NA]) {
+        // d at 0, scales_h (u16) at 2, scales_l[4] at 4, qs[128] at 8.
+        let (sh, sl) = ((w.add(2) as *const u16).read_unaligned() as u32, u32_at(w.add(4)));
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+        let nib = _mm256_set1_epi8(0x0f);
+        let mut acc = [_mm256_setzero_si256(); NA];
+        for pair in 0..4 {
+            // Groups 2p and 2p + 1 in the two halves: low nibbles are each group's
+            // elements 0..16, high nibbles 16..32.
+            let raw = load(w.add(8 + 32 * pair));
+            let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(raw, nib));
+            let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nib));
+            for (h, v) in [_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi)].into_iter().enumerate() {
+                let g = 2 * pair + h;
+                let ls = (((sl >> (4 * g)) & 0x0f) | (((sh >> (2 * g)) & 3) << 4)) as i16 - 32;
+                let (s, mag) = (_mm256_set1_epi16(ls), _mm256_abs_epi8(v));
+                for j in 0..NA {
+                    let signed = _mm256_sign_epi8(load(a[j].add(ACT_QS + 32 * g)), v);
+                    acc[j] = M::mac(acc[j], _mm256_maddubs_epi16(mag, signed), s);
+                }
+            }
+        }
+        (acc, [_mm256_setzero_si256(); NA])
+    }
+}
+
 /// Lane `o` of the result is the sum of the eight lanes of `v[o]`.
 #[inline(always)]
 unsafe fn sum_lanes(v: [__m256i; 8]) -> __m256i {
@@ -541,6 +579,7 @@ macro_rules! dispatch {
                 GgmlType::Q4_K => gemm::<Q4K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 GgmlType::Q5_K => gemm::<Q5K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 GgmlType::Q6_K => gemm::<Q6K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::IQ4_XS => gemm::<IQ4XS, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 _ => return false,
             }
             true

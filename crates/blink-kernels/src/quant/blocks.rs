@@ -218,6 +218,26 @@ pub struct BlockQ6K {
     pub d: f16,
 }
 
+/// `IQ4_NL`: 32 weights `d * KVALUES_IQ4NL[q]`, 4-bit `q` indexing a non-linear table
+/// (low nibbles hold elements 0..16, high nibbles 16..32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockIQ4NL {
+    pub d: f16,
+    pub qs: [u8; QK32 / 2],
+}
+
+/// `IQ4_XS`: 256 weights in eight groups of 32, each `d * (ls - 32) * KVALUES_IQ4NL[q]`
+/// with a 6-bit group scale `ls` (low four bits in `scales_l`, high two in `scales_h`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockIQ4XS {
+    pub d: f16,
+    pub scales_h: u16,
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+
 /// `Q8_K`: 256 values `d * q` plus per-16 sums of `q`. The activation format of the k-quants.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -242,6 +262,8 @@ const _: () = assert!(size_of::<BlockQ4K>() == 144);
 const _: () = assert!(size_of::<BlockQ5K>() == 176);
 const _: () = assert!(size_of::<BlockQ6K>() == 210);
 const _: () = assert!(size_of::<BlockQ8K>() == 292);
+const _: () = assert!(size_of::<BlockIQ4NL>() == 18);
+const _: () = assert!(size_of::<BlockIQ4XS>() == 136);
 
 macro_rules! impl_block {
     ($($ty:ident => $gg:ident, $elems:expr;)*) => {$(
@@ -267,6 +289,8 @@ impl_block! {
     BlockQ5K => Q5_K, QK_K;
     BlockQ6K => Q6_K, QK_K;
     BlockQ8K => Q8_K, QK_K;
+    BlockIQ4NL => IQ4_NL, QK32;
+    BlockIQ4XS => IQ4_XS, QK_K;
 }
 
 #[cfg(test)]

@@ -116,10 +116,12 @@ impl QuantBlock for BlockQ4_0 {
         BlockQ4_0 { d, qs: pack4(&q) }
     }
 
+    /// One order only: llama.cpp's x86 build repacks `Q4_0` matrices (`q4_0_8x8`), whose
+    /// kernels add each block's whole integer sum with one FMA.
     #[inline]
     fn accumulate(&self, act: &BlockQ8_0, acc: &mut DotAcc) {
         let sums = int_lanes(&act.qs, |e| nibble_at(&self.qs, e) - 8);
-        acc.add_block(self.d.to_f32() * act.d.to_f32(), &sums);
+        acc.add_block_sum(self.d.to_f32() * act.d.to_f32(), sums.iter().sum());
     }
 }
 

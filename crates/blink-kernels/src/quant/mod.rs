@@ -15,6 +15,7 @@
 mod activation;
 pub mod blocks;
 pub mod float;
+mod iquants;
 mod kquants;
 mod kquants_bits;
 mod kquants_quantize;
@@ -29,9 +30,10 @@ use blink_gguf::GgmlType;
 use crate::order::DotOrder;
 
 pub use blocks::{
-    Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    Block, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
+pub use iquants::KVALUES_IQ4NL;
 pub use kquants_bits::{q3_scales, scale_min_k4};
 pub use rows::{DotAcc, QuantBlock};
 
@@ -89,6 +91,8 @@ impl WeightType for GgmlType {
             Q5_K => act::<BlockQ5K>(),
             Q6_K => act::<BlockQ6K>(),
             Q8_K => act::<BlockQ8K>(),
+            IQ4_NL => act::<BlockIQ4NL>(),
+            IQ4_XS => act::<BlockIQ4XS>(),
         }
     }
 }
@@ -136,6 +140,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         Q5_K => rows::dequantize::<BlockQ5K>(src, dst),
         Q6_K => rows::dequantize::<BlockQ6K>(src, dst),
         Q8_K => rows::dequantize::<BlockQ8K>(src, dst),
+        IQ4_NL => rows::dequantize::<BlockIQ4NL>(src, dst),
+        IQ4_XS => rows::dequantize::<BlockIQ4XS>(src, dst),
     }
 }
 
@@ -181,6 +187,8 @@ fn quantize_ref(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         Q5_K => rows::quantize_with(src, dst, BlockQ5K::quantize_ref),
         Q6_K => rows::quantize_with(src, dst, BlockQ6K::quantize_ref),
         Q8_K => rows::quantize_with(src, dst, BlockQ8K::quantize_ref),
+        IQ4_NL => rows::quantize_with(src, dst, BlockIQ4NL::quantize_ref),
+        IQ4_XS => rows::quantize_with(src, dst, BlockIQ4XS::quantize_ref),
     }
 }
 
@@ -226,6 +234,8 @@ pub fn vec_dot_in(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8])
         Q5_K => rows::vec_dot::<BlockQ5K>(order, nb, w, act),
         Q6_K => kquants::vec_dot_q6_k(nb, w, act),
         Q8_K => rows::vec_dot::<BlockQ8K>(order, nb, w, act),
+        IQ4_NL => rows::vec_dot::<BlockIQ4NL>(order, nb, w, act),
+        IQ4_XS => iquants::vec_dot_iq4_xs(nb, w, act),
     }
 }
 
@@ -260,6 +270,8 @@ pub fn accumulate_block(ty: GgmlType, w: &[u8], a: &[u8], acc: &mut DotAcc) {
         Q5_K => one::<BlockQ5K>(w, a, acc),
         Q6_K => one::<BlockQ6K>(w, a, acc),
         Q8_K => one::<BlockQ8K>(w, a, acc),
+        IQ4_NL => one::<BlockIQ4NL>(w, a, acc),
+        IQ4_XS => one::<BlockIQ4XS>(w, a, acc),
         F32 | F16 | BF16 => panic!("accumulate_block is for block-quantized types, not {ty}"),
     }
 }

@@ -77,6 +77,13 @@ impl DotAcc {
         }
     }
 
+    /// Add a block's whole integer sum times `scale` with one FMA, in either order (the
+    /// only order of formats whose llama.cpp kernels know no other: `IQ4_NL`).
+    #[inline]
+    pub fn add_block_sum(&mut self, scale: f32, sum: i32) {
+        self.tail = scale.mul_add(sum as f32, self.tail);
+    }
+
     /// Add a block's `m_w · s_a` term.
     #[inline]
     pub fn add_min(&mut self, m: f32, s: f32) {

@@ -89,3 +89,37 @@ pub fn synthetic(arch: &str) -> PathBuf {
     w.write(&path).unwrap();
     path
 }
+
+/// The default model with each matrix (embeddings included) dequantized and quantized
+/// again to the type `pick` gives for its row length, by Blink's reference quantizers, to a
+/// temporary file (the caller removes it).
+pub fn requantized(name: &str, pick: fn(usize) -> GgmlType) -> PathBuf {
+    let src = GgufFile::open(model_path()).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata() {
+        if k != "general.alignment" {
+            w.add(k.clone(), v.clone()).unwrap();
+        }
+    }
+    for t in src.tensors() {
+        let data = src.tensor_data(t);
+        if t.dims.len() != 2 {
+            w.add_tensor_owned(t.name.clone(), t.ty, &t.dims, data.to_vec()).unwrap();
+            continue;
+        }
+        let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+        let ty = pick(cols);
+        let mut values = vec![0f32; cols * rows];
+        blink_kernels::quant::dequantize_row(t.ty, data, &mut values);
+        let mut out = vec![0u8; ty.row_bytes((cols * rows) as u64).unwrap() as usize];
+        // Row by row: a row is whole blocks of the new type.
+        let rb = out.len() / rows;
+        for (x, o) in values.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
+            blink_kernels::quant::quantize_weights(ty, x, o).unwrap();
+        }
+        w.add_tensor_owned(t.name.clone(), ty, &t.dims, out).unwrap();
+    }
+    let path = std::env::temp_dir().join(format!("blink-{name}-{}.gguf", std::process::id()));
+    w.write(&path).unwrap();
+    path
+}
