@@ -18,6 +18,12 @@ Per architecture (tensors reused where the new one has the same shape):
            factors short and long with an attention factor, trained context 2048 of an
            original 1024.
 
+  qwen3moe, mixtral (`llama` with experts)
+           the first 12 layers, each FFN eight experts with top-2 routing: expert e of
+           layer l is layer (l + e) % 30's FFN, stacked in *_exps tensors; the router
+           (ffn_gate_inp, F32) row e is token (1000 + 37e + l)'s embedding times 8.
+           qwen3moe also has per-head Q/K norms (attn_norm's first head_dim values).
+
 usage: make_synthetic.py ARCH DEFAULT.gguf OUT.gguf
 """
 import sys
@@ -35,15 +41,25 @@ def rope_factors(n, long):
     return np.array([1.0 + 0.02 * i if long else 1.0 + 0.001 * (i % 5) for i in range(n)], dtype=np.float32)
 
 
+MOE_LAYERS = 12
+N_EXPERT = 8
+
+
 def main():
     arch, src_path, out_path = sys.argv[1:4]
     src = gguf.GGUFReader(src_path)
-    w = gguf.GGUFWriter(out_path, arch)
+    moe = arch in ("qwen3moe", "mixtral")
+    file_arch = "llama" if arch == "mixtral" else arch
+    w = gguf.GGUFWriter(out_path, file_arch)
+    arch = file_arch
     for k, f in src.fields.items():
         if k.startswith("GGUF.") or k == "general.architecture":
             continue
         nk = k.replace("llama.", f"{arch}.", 1) if k.startswith("llama.") else k
         if arch == "phi3" and nk == "phi3.context_length":
+            continue
+        if moe and nk == f"{arch}.block_count":
+            w.add_uint32(nk, MOE_LAYERS)
             continue
         t = f.types[0]
         if t == gguf.GGUFValueType.ARRAY:
@@ -59,6 +75,11 @@ def main():
         w.add_uint32("gemma2.attention.sliding_window", WINDOW)
         w.add_float32("gemma2.attn_logit_softcapping", 2.0)
         w.add_float32("gemma2.final_logit_softcapping", 30.0)
+    if moe:
+        w.add_uint32(f"{arch}.expert_count", N_EXPERT)
+        w.add_uint32(f"{arch}.expert_used_count", 2)
+        if arch == "qwen3moe":
+            w.add_uint32("qwen3moe.expert_feed_forward_length", int(src.fields["llama.feed_forward_length"].contents()))
     if arch == "phi3":
         w.add_uint32("phi3.context_length", 2048)
         w.add_uint32("phi3.rope.scaling.original_context_length", 1024)
@@ -84,6 +105,23 @@ def main():
             continue
         i, rest = int(name.split(".")[1]), ".".join(name.split(".")[2:])
         blk = f"blk.{i}."
+        if moe:
+            if i >= MOE_LAYERS:
+                continue
+            if rest in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"):
+                kind = rest.split(".")[0]
+                if kind == "ffn_gate":
+                    embd = tensors["token_embd.weight"]
+                    rows = [gguf.quants.dequantize(np.array(embd.data[1000 + 37 * e + i]), embd.tensor_type) * np.float32(8.0) for e in range(N_EXPERT)]
+                    add(blk + "ffn_gate_inp.weight", t, data=np.stack(rows).astype(np.float32), ty=gguf.GGMLQuantizationType.F32)
+                stack = np.stack([np.array(tensors[f"blk.{(i + e) % n_layers}.{rest}"].data) for e in range(N_EXPERT)])
+                add(blk + kind + "_exps.weight", t, data=stack)
+                continue
+            if arch == "qwen3moe" and rest == "attn_norm.weight":
+                add(name)
+                add(blk + "attn_q_norm.weight", t, data=np.array(t.data)[:head_dim])
+                add(blk + "attn_k_norm.weight", t, data=np.array(t.data)[:head_dim])
+                continue
         if arch == "olmo2" and rest == "attn_norm.weight":
             add(blk + "post_attention_norm.weight", t)
             add(blk + "attn_q_norm.weight", t)

@@ -113,10 +113,7 @@ impl Streamer {
 
     fn matrices(&self, w: usize) -> impl Iterator<Item = &Matrix> + '_ {
         let part = &self.model.parts[0];
-        self.windows[w].clone().flat_map(move |l| {
-            let lw = part.layer(l);
-            [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down]
-        })
+        self.windows[w].clone().flat_map(move |l| part.layer(l).matrices())
     }
 
     /// The file's bytes of matrix `m`.

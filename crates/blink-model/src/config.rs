@@ -33,6 +33,8 @@ pub enum Arch {
     /// Phi-3: Llama with fused Q/K/V and gate/up tensors, NeoX rope with per-dimension
     /// factors for short and long contexts.
     Phi3,
+    /// Qwen3-MoE: Qwen3's attention, and a mixture of experts for every FFN.
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -47,8 +49,9 @@ impl Arch {
             "smollm3" => Ok(Arch::Smollm3),
             "olmo2" => Ok(Arch::Olmo2),
             "phi3" => Ok(Arch::Phi3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             other => Err(ModelError::Unsupported(format!(
-                "architecture '{other}' (supported: llama, qwen2, qwen3, gemma2, gemma3, granite, smollm3, olmo2, phi3)"
+                "architecture '{other}' (supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, granite, smollm3, olmo2, phi3)"
             ))),
         }
     }
@@ -65,6 +68,7 @@ impl Arch {
             Arch::Smollm3 => "smollm3",
             Arch::Olmo2 => "olmo2",
             Arch::Phi3 => "phi3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 }
@@ -76,6 +80,19 @@ pub enum FfnAct {
     Silu,
     /// GeGLU with the tanh approximation of GELU (through llama.cpp's f16 table).
     GeluTanh,
+}
+
+/// A mixture of experts in place of every layer's FFN: a router scores `n_expert` experts
+/// per token (softmax), the `n_used` best run (each a SwiGLU FFN of `ModelConfig::n_ff`),
+/// and their outputs are summed weighted by their scores.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Moe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// The chosen experts' scores are divided by their sum (Mixtral, Qwen3-MoE).
+    pub norm_weights: bool,
+    /// The scores are then multiplied by this (`expert_weights_scale`), if any.
+    pub weights_scale: Option<f32>,
 }
 
 /// RMS norms on the queries and keys before rope.
@@ -161,6 +178,8 @@ pub struct ModelConfig {
     pub no_rope_every: Option<usize>,
     /// Attention scores pass through `cap · tanh(score / cap)` (Gemma 2).
     pub attn_softcap: Option<f32>,
+    /// Experts in place of the FFN (`n_ff` is then an expert's width).
+    pub moe: Option<Moe>,
     /// Token embeddings are multiplied by this (Gemma: √n_embd).
     pub embd_scale: Option<f32>,
     /// RMS norms on the attention and FFN outputs before they join the residual stream.
@@ -225,9 +244,6 @@ impl ModelConfig {
             }
         };
 
-        if let Some(n) = file.opt_u32(&key("expert_count"))?.filter(|&n| n > 0) {
-            return Err(ModelError::Unsupported(format!("mixture-of-experts models ({n} experts)")));
-        }
         let n_layers = bounded("block_count", MAX_LAYERS)?;
         let n_embd = bounded("embedding_length", MAX_DIM)?;
         // These three may be per-layer arrays, as llama.cpp reads them; one value for
@@ -257,7 +273,13 @@ impl ModelConfig {
             }
         };
         let required = |suffix: &str| uniform(suffix)?.ok_or_else(|| ModelError::from(GgufError::MissingKey(key(suffix))));
-        let n_ff = required("feed_forward_length")?;
+        let moe = Self::moe_from_gguf(file, arch)?;
+        // An expert's width, for a mixture of experts (Mixtral's files give it as the FFN's).
+        let n_ff = match (moe, optional("expert_feed_forward_length")?) {
+            (Some(_), Some(n)) => n,
+            (None, _) if arch == Arch::Qwen3Moe => return Err(ModelError::BadConfig(format!("{} has no experts", key("expert_count")))),
+            _ => required("feed_forward_length")?,
+        };
         let n_head = required("attention.head_count")?;
         let n_head_kv = uniform("attention.head_count_kv")?.unwrap_or(n_head);
         let head_dim = optional("attention.key_length")?.unwrap_or(n_embd / n_head);
@@ -334,11 +356,12 @@ impl ModelConfig {
             vocab_size,
             pre_norms: arch != Arch::Olmo2,
             qk_norm: match arch {
-                Arch::Qwen3 | Arch::Gemma3 => Some(QkNorm::PerHead),
+                Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => Some(QkNorm::PerHead),
                 Arch::Olmo2 => Some(QkNorm::Whole),
                 _ => None,
             },
             no_rope_every: (arch == Arch::Smollm3).then_some(4),
+            moe,
             attn_softcap,
             // As llama.cpp: √d in f32.
             embd_scale: if gemma { Some((n_embd as f32).sqrt()) } else { embd_multiplier },
@@ -356,6 +379,34 @@ impl ModelConfig {
             attn_scale,
             logit_scale,
         })
+    }
+
+    /// The experts a file declares, as llama.cpp reads them for the families that have
+    /// them (Llama files with experts are Mixtral's); other families' are refused.
+    fn moe_from_gguf(file: &GgufFile, arch: Arch) -> Result<Option<Moe>, ModelError> {
+        let key = |suffix: &str| format!("{}.{suffix}", arch.name());
+        let Some(n_expert) = file.opt_u32(&key("expert_count"))?.filter(|&n| n > 0).map(|n| n as usize) else {
+            return Ok(None);
+        };
+        if !matches!(arch, Arch::Llama | Arch::Qwen3Moe) {
+            return Err(ModelError::Unsupported(format!("mixture-of-experts {} models ({n_expert} experts)", arch.name())));
+        }
+        if n_expert > 512 {
+            return Err(ModelError::BadConfig(format!("{} = {n_expert} is too large", key("expert_count"))));
+        }
+        let n_used = file.opt_u32(&key("expert_used_count"))?.map_or(0, |n| n as usize);
+        if n_used == 0 || n_used > n_expert {
+            return Err(ModelError::BadConfig(format!("{} = {n_used} must be between 1 and the {n_expert} experts", key("expert_used_count"))));
+        }
+        if file.opt_u32(&key("expert_shared_count"))?.is_some_and(|n| n > 0) {
+            return Err(ModelError::Unsupported("shared experts".into()));
+        }
+        let weights_scale = match file.opt_f32(&key("expert_weights_scale"))? {
+            Some(s) if !s.is_finite() => return Err(ModelError::BadConfig(format!("{} = {s} is not a number", key("expert_weights_scale")))),
+            Some(s) if s != 0.0 && s != 1.0 => Some(s),
+            _ => None,
+        };
+        Ok(Some(Moe { n_expert, n_used, norm_weights: true, weights_scale }))
     }
 
     /// The local layers as llama.cpp reads each family: Gemma 3 (window from the file,
@@ -436,7 +487,7 @@ impl ModelConfig {
         let key = |suffix: &str| format!("{}.{suffix}", arch.name());
         let order = match arch {
             Arch::Llama | Arch::Granite | Arch::Smollm3 => RopeOrder::Normal,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2 | Arch::Phi3 => RopeOrder::NeoX,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma2 | Arch::Gemma3 | Arch::Olmo2 | Arch::Phi3 => RopeOrder::NeoX,
         };
         let n_dims = file.opt_u32(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
         if n_dims == 0 || n_dims > head_dim || n_dims % 2 != 0 {

@@ -168,11 +168,48 @@ pub struct LayerWeights {
     pub attn_post_norm: Option<Vector>,
     pub ffn_post_norm: Option<Vector>,
     pub ffn_norm: Option<Vector>,
+    pub ffn: Ffn,
+}
+
+/// A layer's FFN: one, or a mixture of experts.
+pub enum Ffn {
+    Dense(FfnMatrices),
+    Experts(Experts),
+}
+
+/// One SwiGLU FFN's matrices, restricted to a part's rows.
+pub struct FfnMatrices {
     /// The part's FFN rows.
-    pub w_gate: Matrix,
-    pub w_up: Matrix,
+    pub gate: Matrix,
+    pub up: Matrix,
     /// The part's rows of the down projection (all columns).
-    pub w_down: Matrix,
+    pub down: Matrix,
+}
+
+/// A mixture of experts: the router (every expert's row, in every part) and each expert's
+/// FFN (a part's rows of each, as a dense FFN is split).
+pub struct Experts {
+    pub router: Matrix,
+    pub experts: Vec<FfnMatrices>,
+}
+
+impl LayerWeights {
+    /// The dense FFN; a layer of experts panics (callers that take dense models only).
+    pub fn dense(&self) -> &FfnMatrices {
+        match &self.ffn {
+            Ffn::Dense(f) => f,
+            Ffn::Experts(_) => panic!("a layer of experts where a dense FFN was expected"),
+        }
+    }
+
+    /// Every matrix of the layer a step multiplies (with experts: all of them).
+    pub fn matrices(&self) -> impl Iterator<Item = &Matrix> {
+        let ffn: Vec<&Matrix> = match &self.ffn {
+            Ffn::Dense(f) => vec![&f.gate, &f.up, &f.down],
+            Ffn::Experts(e) => std::iter::once(&e.router).chain(e.experts.iter().flat_map(|f| [&f.gate, &f.up, &f.down])).collect(),
+        };
+        [&self.wq, &self.wk, &self.wv, &self.wo].into_iter().chain(ffn)
+    }
 }
 
 /// One part's weights.
@@ -303,14 +340,6 @@ impl<'a> Loader<'a> {
         if !ok {
             return Err(ModelError::BadTensor(format!("{name} has shape {:?}, expected [{cols}, {rows}]", info.dims)));
         }
-        let act = info.ty.activation_type();
-        if !cols.is_multiple_of(act.block_size()) {
-            return Err(ModelError::Unsupported(format!(
-                "{name}: type {} needs rows of a multiple of {} elements, but rows have {cols}",
-                info.ty,
-                act.block_size()
-            )));
-        }
         Ok(info)
     }
 
@@ -328,7 +357,17 @@ impl<'a> Loader<'a> {
 
     /// [`Loader::rows`], held as `matrices` says.
     fn rows_as(&self, name: &str, cols: usize, rows: usize, range: Range<usize>, for_products: bool, matrices: Matrices) -> Result<Matrix, ModelError> {
-        let info = self.check_matrix(name, cols, rows)?;
+        self.check_matrix(name, cols, rows)?;
+        self.rows_as_flat(name, cols, rows, range, for_products, matrices)
+    }
+
+    /// [`Loader::rows_as`] of a tensor already checked to hold `rows` rows of `cols`.
+    fn rows_as_flat(&self, name: &str, cols: usize, rows: usize, range: Range<usize>, for_products: bool, matrices: Matrices) -> Result<Matrix, ModelError> {
+        let info = self.info(name)?;
+        let act = info.ty.activation_type();
+        if !cols.is_multiple_of(act.block_size()) {
+            return Err(ModelError::Unsupported(format!("{name}: type {} needs rows of a multiple of {} elements, but rows have {cols}", info.ty, act.block_size())));
+        }
         let data = self.file.tensor_data(info);
         let rb = data.len() / rows.max(1);
         let slice = &data[range.start * rb..range.end * rb];
@@ -347,6 +386,17 @@ impl<'a> Loader<'a> {
             (None, _) => (Layout::RowMajor, self.place(slice)?),
         };
         Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout, file_rows: range, data: blob, refillable: false })
+    }
+
+    /// Rows `range` of matrix `index` of a stack of `count` matrices of `rows` rows of
+    /// `cols` (GGUF dims `[cols, rows, count]`: the experts of a layer).
+    fn rows_3d(&self, name: &str, cols: usize, rows: usize, count: usize, index: usize, range: Range<usize>) -> Result<Matrix, ModelError> {
+        let info = self.info(name)?;
+        if info.dims.as_slice() != [cols as u64, rows as u64, count as u64] {
+            return Err(ModelError::BadTensor(format!("{name} has shape {:?}, expected [{cols}, {rows}, {count}]", info.dims)));
+        }
+        let at = index * rows;
+        self.rows_as_flat(name, cols, rows * count, at + range.start..at + range.end, true, self.matrices)
     }
 
     /// A vector of `len` values converted to f32, restricted to `range`.
@@ -461,13 +511,36 @@ impl Weights {
                         ld.rows(&n("attn_v.weight"), d, kv, kvr.clone(), true)?,
                     )
                 };
-                // Phi-3 fuses the gate (first half) and up (second half) projections.
                 let ffr = &part.ff_rows;
-                let (w_gate, w_up) = if cfg.arch == Arch::Phi3 {
-                    let up = n("ffn_up.weight");
-                    (ld.rows(&up, d, 2 * ff, ffr.clone(), true)?, ld.rows(&up, d, 2 * ff, ff + ffr.start..ff + ffr.end, true)?)
-                } else {
-                    (ld.rows(&n("ffn_gate.weight"), d, ff, ffr.clone(), true)?, ld.rows(&n("ffn_up.weight"), d, ff, ffr.clone(), true)?)
+                let ffn = match cfg.moe {
+                    // Experts: 3-D tensors, expert `e` the rows `e·n..(e + 1)·n` of each.
+                    Some(moe) => {
+                        let rows = |name: &str, cols: usize, rows: usize, e: usize, r: &Range<usize>| ld.rows_3d(&n(name), cols, rows, moe.n_expert, e, r.clone());
+                        let experts = (0..moe.n_expert)
+                            .map(|e| {
+                                Ok(FfnMatrices {
+                                    gate: rows("ffn_gate_exps.weight", d, ff, e, ffr)?,
+                                    up: rows("ffn_up_exps.weight", d, ff, e, ffr)?,
+                                    down: rows("ffn_down_exps.weight", ff, d, e, &part.embd_rows)?,
+                                })
+                            })
+                            .collect::<Result<Vec<_>, ModelError>>()?;
+                        Ffn::Experts(Experts { router: ld.rows(&n("ffn_gate_inp.weight"), d, moe.n_expert, 0..moe.n_expert, true)?, experts })
+                    }
+                    // Phi-3 fuses the gate (first half) and up (second half) projections.
+                    None if cfg.arch == Arch::Phi3 => {
+                        let up = n("ffn_up.weight");
+                        Ffn::Dense(FfnMatrices {
+                            gate: ld.rows(&up, d, 2 * ff, ffr.clone(), true)?,
+                            up: ld.rows(&up, d, 2 * ff, ff + ffr.start..ff + ffr.end, true)?,
+                            down: ld.rows(&n("ffn_down.weight"), ff, d, part.embd_rows.clone(), true)?,
+                        })
+                    }
+                    None => Ffn::Dense(FfnMatrices {
+                        gate: ld.rows(&n("ffn_gate.weight"), d, ff, ffr.clone(), true)?,
+                        up: ld.rows(&n("ffn_up.weight"), d, ff, ffr.clone(), true)?,
+                        down: ld.rows(&n("ffn_down.weight"), ff, d, part.embd_rows.clone(), true)?,
+                    }),
                 };
                 Ok(Some(LayerWeights {
                     attn_norm: when(cfg.pre_norms, "attn_norm.weight")?,
@@ -483,9 +556,7 @@ impl Weights {
                     attn_post_norm: when(cfg.post_norms, "post_attention_norm.weight")?,
                     ffn_post_norm: when(cfg.post_norms, "post_ffw_norm.weight")?,
                     ffn_norm: when(cfg.pre_norms, "ffn_norm.weight")?,
-                    w_gate,
-                    w_up,
-                    w_down: ld.rows(&n("ffn_down.weight"), ff, d, part.embd_rows.clone(), true)?,
+                    ffn,
                 }))
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -509,7 +580,7 @@ impl Weights {
         self.layers
             .iter()
             .flatten()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .flat_map(|l| l.matrices())
             .chain(std::iter::once(&self.output))
     }
 }

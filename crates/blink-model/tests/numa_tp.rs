@@ -80,8 +80,8 @@ fn column_parallel_shards_are_bit_identical_to_the_unsplit_rows() {
     let file = file();
     let flat = Model::from_gguf(file.clone()).unwrap();
     let tp = Model::from_gguf_placed(file, &TensorPlacement::tensor_parallel(Topology::simulated(3), 3)).unwrap();
-    let total_rows: usize = tp.parts.iter().map(|w| w.layer(0).w_gate.rows).sum();
-    assert_eq!(total_rows, flat.parts[0].layer(0).w_gate.rows);
+    let total_rows: usize = tp.parts.iter().map(|w| w.layer(0).dense().gate.rows).sum();
+    assert_eq!(total_rows, flat.parts[0].layer(0).dense().gate.rows);
     let bytes: usize = tp.bytes_per_token_by_part().iter().sum();
     // Neighbouring parts may each hold a shared key/value head; nothing else is duplicated.
     assert!(bytes >= flat.bytes_per_token() && bytes < flat.bytes_per_token() * 11 / 10);

@@ -42,6 +42,14 @@ fn add_matrix(w: &mut GgufWriter, noise: &mut Noise, name: &str, ty: GgmlType, c
     w.add_tensor(name, ty, &[cols as u64, rows as u64], &bytes).unwrap();
 }
 
+/// A stack of `count` random matrices (GGUF dims `[cols, rows, count]`: a layer's experts).
+fn add_experts(w: &mut GgufWriter, noise: &mut Noise, name: &str, ty: GgmlType, cols: usize, rows: usize, count: usize) {
+    let values = noise.values(cols * rows * count, 0.3);
+    let mut bytes = vec![0u8; ty.row_bytes((cols * rows * count) as u64).unwrap() as usize];
+    quantize_weights(ty, &values, &mut bytes).unwrap();
+    w.add_tensor(name, ty, &[cols as u64, rows as u64, count as u64], &bytes).unwrap();
+}
+
 fn add_vector(w: &mut GgufWriter, name: &str, values: &[f32]) {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     w.add_tensor(name, GgmlType::F32, &[values.len() as u64], &bytes).unwrap();
@@ -99,7 +107,7 @@ fn build_with(arch: &str, matrix: GgmlType, meta: &[(&str, Value)], vectors: &[(
             add_vector(&mut w, &n("attn_v.bias"), &noise.values(kv, 0.5));
         }
         match arch {
-            "qwen3" => {
+            "qwen3" | "qwen3moe" => {
                 add_vector(&mut w, &n("attn_q_norm.weight"), &noise.values(HEAD_DIM, 1.0));
                 add_vector(&mut w, &n("attn_k_norm.weight"), &noise.values(HEAD_DIM, 1.0));
             }
@@ -116,13 +124,25 @@ fn build_with(arch: &str, matrix: GgmlType, meta: &[(&str, Value)], vectors: &[(
         if pre_norms {
             add_vector(&mut w, &n("ffn_norm.weight"), &noise.values(EMBD, 1.0));
         }
-        if arch == "phi3" {
+        let experts = meta.iter().find(|(k, _)| *k == "expert_count").map(|(_, v)| match v {
+            Value::U32(n) => *n as usize,
+            _ => unreachable!(),
+        });
+        if let Some(count) = experts {
+            let router: Vec<u8> = noise.values(EMBD * count, 1.0).iter().flat_map(|v| v.to_le_bytes()).collect();
+            w.add_tensor(n("ffn_gate_inp.weight"), GgmlType::F32, &[EMBD as u64, count as u64], &router).unwrap();
+            add_experts(&mut w, &mut noise, &n("ffn_gate_exps.weight"), matrix, EMBD, FF, count);
+            add_experts(&mut w, &mut noise, &n("ffn_up_exps.weight"), matrix, EMBD, FF, count);
+            add_experts(&mut w, &mut noise, &n("ffn_down_exps.weight"), matrix, FF, EMBD, count);
+        } else if arch == "phi3" {
             add_matrix(&mut w, &mut noise, &n("ffn_up.weight"), matrix, EMBD, 2 * FF);
         } else {
             add_matrix(&mut w, &mut noise, &n("ffn_gate.weight"), matrix, EMBD, FF);
             add_matrix(&mut w, &mut noise, &n("ffn_up.weight"), matrix, EMBD, FF);
         }
-        add_matrix(&mut w, &mut noise, &n("ffn_down.weight"), matrix, FF, EMBD);
+        if experts.is_none() {
+            add_matrix(&mut w, &mut noise, &n("ffn_down.weight"), matrix, FF, EMBD);
+        }
     }
     if arch == "olmo2" {
         add_matrix(&mut w, &mut noise, "output.weight", GgmlType::Q8_0, EMBD, VOCAB);
@@ -238,6 +258,20 @@ fn phi3_with_fused_tensors_and_rope_factors_runs() {
 }
 
 #[test]
+fn mixtures_of_experts_run_batched_and_split() {
+    // Eight experts, two per token: each row's choice (and sum) is its own whatever the
+    // batch, and the same split over two and three nodes (each holding rows of every expert).
+    let moe = [("expert_count", Value::U32(8)), ("expert_used_count", Value::U32(2))];
+    check_file("qwen3moe", build_with("qwen3moe", GgmlType::Q4_1, &moe, &[]));
+    check_file("llama", build_with("llama", GgmlType::Q8_0, &moe, &[]));
+    // One expert per token, and every expert: the softmax weights, normed.
+    let all = [("expert_count", Value::U32(8)), ("expert_used_count", Value::U32(8))];
+    check_file("llama", build_with("llama", GgmlType::Q4_0, &all, &[]));
+    let one = [("expert_count", Value::U32(8)), ("expert_used_count", Value::U32(1))];
+    check_file("llama", build_with("llama", GgmlType::Q4_0, &one, &[]));
+}
+
+#[test]
 fn k_quant_and_float_weights_run() {
     // 64-wide rows cannot hold 256-element k-quant blocks, so these use the float types.
     check("llama", GgmlType::F16, false);
@@ -269,8 +303,8 @@ fn tensors_the_engine_would_not_use_are_refused() {
         let e = load(arch, &[], &[(tensor, len)]).unwrap_or_else(|| panic!("{arch} with {tensor} loaded"));
         assert!(e.contains(&format!("tensor '{tensor}'")), "{e}");
     }
-    let e = load("llama", &[("expert_count", Value::U32(8))], &[]).expect("an expert model is refused");
-    assert!(e.contains("mixture-of-experts"), "{e}");
+    let e = load("qwen2", &[("expert_count", Value::U32(8)), ("expert_used_count", Value::U32(2))], &[]).expect("experts of another family are refused");
+    assert!(e.contains("mixture-of-experts qwen2"), "{e}");
 }
 
 #[test]

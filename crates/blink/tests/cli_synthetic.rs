@@ -92,3 +92,13 @@ fn q4_0_gives_llama_cpps_text_and_perplexity() {
     // llama.cpp's x86 build repacks Q4_0 and adds whole block sums: Blink's order for it.
     check_against_llama_cpp("q4_0", &requantized("q4_0", |_| GgmlType::Q4_0));
 }
+
+#[test]
+fn qwen3moe_gives_llama_cpps_text_and_perplexity() {
+    gives_llama_cpps_text_and_perplexity("qwen3moe");
+}
+
+#[test]
+fn mixtral_gives_llama_cpps_text_and_perplexity() {
+    gives_llama_cpps_text_and_perplexity("mixtral");
+}

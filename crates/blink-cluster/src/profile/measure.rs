@@ -51,7 +51,7 @@ fn product_rates(model: &Model, pool: &NodePool) -> BTreeMap<String, f64> {
     for part in &model.parts {
         by_type.entry(part.output.ty.name().to_string()).or_default().push(&part.output);
         for l in part.layers.iter().flatten() {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+            for m in l.matrices() {
                 by_type.entry(m.ty.name().to_string()).or_default().push(m);
             }
         }

@@ -91,6 +91,24 @@ pub fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     dot_lanes16(n, |i| at(w, i), |i| at(a, i), false)
 }
 
+/// Dot product of two f32 rows in the order of llama.cpp's `llamafile_sgemm` (tinyBLAS),
+/// which its x86 build (AVX-512) runs for f32 matrices multiplied by a batch of two rows
+/// or more: one 16-lane FMA accumulator, reduced as `_mm512_reduce_add_ps`. Rows whose
+/// length is not a multiple of 16 go to ggml's `vec_dot` there, so to [`dot_f32`] here.
+pub fn dot_f32_sgemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    if !n.is_multiple_of(16) {
+        return dot_f32(n, w, a);
+    }
+    let at = |bytes: &[u8], i: usize| f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+    let mut acc = [0f32; 16];
+    for l in (0..n).step_by(16) {
+        for (i, acc) in acc.iter_mut().enumerate() {
+            *acc = at(w, l + i).mul_add(at(a, l + i), *acc);
+        }
+    }
+    super::reduce::hsum16(&acc)
+}
+
 /// Dot product of two `F16` rows of `n` elements, in ggml's AVX-512 order.
 pub fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let at = |bytes: &[u8], i: usize| f16_bits_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]));

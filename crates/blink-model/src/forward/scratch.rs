@@ -32,6 +32,13 @@ pub(super) struct PartScratch {
     /// Adapter activations `t = A·x` of the step's adapter rows, `[rows][LORA_PRODUCTS]
     /// [lora_stride]` (grown when a step's mixes stack more rank than any before).
     pub lora_t: Storage<f32>,
+    /// With experts: the router's scores, `[rows][n_expert]`; each (row, choice) slot's
+    /// expert output, `[rows · n_used][n_embd]`; each slot's weight, `[rows · n_used]`; and
+    /// the slots' routing (`experts::Routing`). Empty without experts.
+    pub router: Storage<f32>,
+    pub moe_out: Storage<f32>,
+    pub moe_w: Storage<f32>,
+    pub moe_idx: Storage<u32>,
 }
 
 /// Buffers a step computes in. Sized at creation; a step that does not fit is refused.
@@ -92,6 +99,10 @@ impl Scratch {
         let widest = [cfg.n_embd, cfg.q_dim(), cfg.n_ff, cfg.vocab_size, cfg.rope_width()].into_iter().max().unwrap_or(0) * 4 + act_stride;
         let too_large = || ModelError::Memory(NumaError::TooLarge { len: max_rows, elem_size: widest });
         max_rows.checked_mul(widest).filter(|&b| b <= isize::MAX as usize).ok_or_else(too_large)?;
+        // With experts, the FFN buffers hold a row per (row, choice) slot, and the
+        // activations the input rows before them.
+        let (n_expert, slots) = cfg.moe.map_or((0, 1), |m| (m.n_expert, m.n_used));
+        let act_rows = if cfg.moe.is_some() { max_rows * (slots + 1) } else { max_rows };
         let placement = model.placement();
         let parts = (0..model.parts.len())
             .map(|node| {
@@ -104,12 +115,16 @@ impl Scratch {
                     k: f(max_rows * cfg.kv_dim())?,
                     v: f(max_rows * cfg.kv_dim())?,
                     attn: f(max_rows * cfg.q_dim())?,
-                    gate: f(max_rows * cfg.n_ff)?,
-                    up: f(max_rows * cfg.n_ff)?,
-                    act: Storage::<u8>::zeroed(max_rows * act_stride, home)?,
+                    gate: f(max_rows * slots * cfg.n_ff)?,
+                    up: f(max_rows * slots * cfg.n_ff)?,
+                    act: Storage::<u8>::zeroed(act_rows * act_stride, home)?,
                     rope: f(max_rows * cfg.rope_width())?,
                     qh: f(n_threads * cfg.head_dim)?,
                     lora_t: f(0)?,
+                    router: f(max_rows * n_expert)?,
+                    moe_out: f(if n_expert > 0 { max_rows * slots * cfg.n_embd } else { 0 })?,
+                    moe_w: f(if n_expert > 0 { max_rows * slots } else { 0 })?,
+                    moe_idx: Storage::<u32>::zeroed(if n_expert > 0 { 3 * max_rows * slots + n_expert + 1 } else { 0 }, home)?,
                 })
             })
             .collect::<Result<Vec<_>, NumaError>>()

@@ -131,6 +131,9 @@ impl Model {
         for (l, layer) in tensors.layers.iter().enumerate() {
             for (target, pair) in LoraTarget::ALL.into_iter().zip(layer) {
                 if let Some(p) = pair {
+                    if cfg.moe.is_some() && matches!(target, LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down) {
+                        return Err(LoraError::Unsupported(format!("an adapter on the FFN ({}) of a model with experts", target.peft_name())));
+                    }
                     check_pair(cfg, l, target, p)?;
                 }
             }

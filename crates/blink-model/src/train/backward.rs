@@ -38,10 +38,10 @@ impl Run<'_> {
             rms_norm(s.x2.row(t), pre_norm(&lw.ffn_norm), eps, wv.xn.row_mut(t));
             swiglu(s.gate.row(t), s.up.row(t), wv.h.row_mut(t));
         });
-        self.project_back(wv.dx, &lw.w_down, wv.dh, false, wv.h, pair(LoraTarget::Down), kept(LoraTarget::Down));
+        self.project_back(wv.dx, &lw.dense().down, wv.dh, false, wv.h, pair(LoraTarget::Down), kept(LoraTarget::Down));
         self.ctx.each(n, |t| unsafe { swiglu_backward(s.gate.row(t), s.up.row(t), wv.dh.row(t), wv.dg.row_mut(t), wv.du.row_mut(t)) });
-        self.project_back(wv.dg, &lw.w_gate, wv.dxn, false, wv.xn, pair(LoraTarget::Gate), kept(LoraTarget::Gate));
-        self.project_back(wv.du, &lw.w_up, wv.dxn, true, wv.xn, pair(LoraTarget::Up), kept(LoraTarget::Up));
+        self.project_back(wv.dg, &lw.dense().gate, wv.dxn, false, wv.xn, pair(LoraTarget::Gate), kept(LoraTarget::Gate));
+        self.project_back(wv.du, &lw.dense().up, wv.dxn, true, wv.xn, pair(LoraTarget::Up), kept(LoraTarget::Up));
         self.ctx.each(n, |t| unsafe { rms_norm_backward(s.x2.row(t), pre_norm(&lw.ffn_norm), eps, wv.dxn.row(t), wv.dx.row_mut(t)) });
 
         // The attention block: x2 = x + o(attention(rope(q(xn)), rope(k(xn)), v(xn))).

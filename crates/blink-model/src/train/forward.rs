@@ -66,10 +66,10 @@ impl Run<'_> {
             s.x2.row_mut(t).copy_from_slice(x);
             rms_norm(x, pre_norm(&lw.ffn_norm), eps, wv.xn.row_mut(t));
         });
-        self.project(wv.xn, e, &lw.w_gate, None, s.gate, pair(LoraTarget::Gate), kept(LoraTarget::Gate));
-        self.project(wv.xn, e, &lw.w_up, None, s.up, pair(LoraTarget::Up), kept(LoraTarget::Up));
+        self.project(wv.xn, e, &lw.dense().gate, None, s.gate, pair(LoraTarget::Gate), kept(LoraTarget::Gate));
+        self.project(wv.xn, e, &lw.dense().up, None, s.up, pair(LoraTarget::Up), kept(LoraTarget::Up));
         self.ctx.each(n, |t| unsafe { swiglu(s.gate.row(t), s.up.row(t), wv.h.row_mut(t)) });
-        self.project(wv.h, cfg.n_ff, &lw.w_down, None, wv.tmp, pair(LoraTarget::Down), kept(LoraTarget::Down));
+        self.project(wv.h, cfg.n_ff, &lw.dense().down, None, wv.tmp, pair(LoraTarget::Down), kept(LoraTarget::Down));
         self.ctx.each(n, |t| unsafe { wv.x.row_mut(t).iter_mut().zip(wv.tmp.row(t)).for_each(|(x, &d)| *x += d) });
     }
 

@@ -171,6 +171,9 @@ impl<H: Deref<Target = Model>> Trainer<H> {
             return Err(TrainError::Unsupported(format!("the Q/K norms of {}", cfg.arch.name())));
         }
         // The backward pass is Llama's: a family with more in its blocks is refused by name.
+        if cfg.moe.is_some() {
+            return Err(TrainError::Unsupported(format!("the experts of {} (adapters train dense FFNs)", cfg.arch.name())));
+        }
         if !cfg.pre_norms || cfg.no_rope_every.is_some() || cfg.attn_softcap.is_some() || cfg.post_norms || cfg.ffn_act != crate::config::FfnAct::Silu || cfg.embd_scale.is_some() || cfg.sliding.is_some() || cfg.logit_softcap.is_some() || cfg.query_scale.is_some() || cfg.block_out_apart() || cfg.attn_scale.is_some() || cfg.logit_scale.is_some() {
             return Err(TrainError::Unsupported(format!("the blocks of {} (norms after attention and the FFN, GeGLU, local layers, layers without rope, soft-capping, multipliers)", cfg.arch.name())));
         }

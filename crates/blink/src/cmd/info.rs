@@ -112,6 +112,9 @@ pub fn main(args: Args) -> CliResult {
         Some(blink_model::config::QkNorm::Whole) => blocks.push("Q/K norms over the whole projection".to_string()),
         None => {}
     }
+    if let Some(moe) = cfg.moe {
+        blocks.push(format!("{} experts of width {}, {} per token", moe.n_expert, cfg.n_ff, moe.n_used));
+    }
     if let Some(n) = cfg.no_rope_every {
         blocks.push(format!("no rope on every {n}th layer"));
     }

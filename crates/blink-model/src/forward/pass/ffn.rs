@@ -10,22 +10,40 @@ use super::buffers::{PartView, Write};
 use super::{Pass, StoreOf};
 use crate::config::FfnAct;
 use crate::lora::LoraTarget;
-use crate::weights::LayerWeights;
+use crate::weights::{Ffn, LayerWeights};
 
 impl<T: StoreOf> Pass<'_, T> {
+    /// Rows of the FFN buffers a layer fills: one per step row, or one per (row, chosen
+    /// expert) slot.
+    pub(super) fn ffn_rows(&self, lw: &LayerWeights) -> usize {
+        match (&lw.ffn, self.model.cfg.moe) {
+            (Ffn::Experts(_), Some(moe)) => self.rows.len() * moe.n_used,
+            _ => self.rows.len(),
+        }
+    }
+
     /// Norm, gate and up, SwiGLU (no barrier at the end: each thread's rows are done).
     pub(super) fn ffn_in(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let (cfg, n) = (&self.model.cfg, self.rows.len());
         let input = self.block_input(w, me, lw.ffn_norm.as_deref(), n);
+        let f = match &lw.ffn {
+            Ffn::Dense(f) => f,
+            Ffn::Experts(e) => return self.experts_in(w, me, input, e),
+        };
         let fc = me.part.ff_rows.start;
-        let gate = (&lw.w_gate, &me.gate, fc, Write::Set, Some((layer, LoraTarget::Gate)));
-        let up = (&lw.w_up, &me.up, fc, Write::Set, Some((layer, LoraTarget::Up)));
+        let gate = (&f.gate, &me.gate, fc, Write::Set, Some((layer, LoraTarget::Gate)));
+        let up = (&f.up, &me.up, fc, Write::Set, Some((layer, LoraTarget::Up)));
         self.project(w, me, input, (cfg.n_embd, n), self.grouped_ffn(layer), &[gate, up]);
-        for r in w.share(n, 1) {
+        self.gated_activation(w, me, n);
+    }
+
+    /// SwiGLU (or GeGLU) on this part's columns of the first `count` rows of `gate`/`up`.
+    pub(super) fn gated_activation(&self, w: &NodeWorker, me: &PartView<T>, count: usize) {
+        for r in w.share(count, 1) {
             // SAFETY: rows are split between the node's threads; gate/up were completed
             // before the barrier that ended the projection.
             let (gate, up) = unsafe { (me.gate.cols_mut(r, me.part.ff_rows.clone()), me.up.cols(r, me.part.ff_rows.clone())) };
-            match cfg.ffn_act {
+            match self.model.cfg.ffn_act {
                 FfnAct::Silu => ops::swiglu(self.isa, gate, up),
                 FfnAct::GeluTanh => blink_kernels::gelu::geglu(self.isa, gate, up),
             }
@@ -37,8 +55,12 @@ impl<T: StoreOf> Pass<'_, T> {
     /// (the same share as SwiGLU's), which it has just computed in full.
     pub(super) fn ffn_out(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let cfg = &self.model.cfg;
+        let f = match &lw.ffn {
+            Ffn::Dense(f) => f,
+            Ffn::Experts(e) => return self.experts_out(w, me, e),
+        };
         let (out, mode) = if cfg.block_out_apart() { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
-        let down = (&lw.w_down, out, me.part.embd_rows.start, mode, Some((layer, LoraTarget::Down)));
+        let down = (&f.down, out, me.part.embd_rows.start, mode, Some((layer, LoraTarget::Down)));
         self.project(w, me, &me.gate, (cfg.n_ff, self.rows.len()), self.grouped_ffn(layer), &[down]);
     }
 }

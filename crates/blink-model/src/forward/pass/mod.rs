@@ -15,6 +15,7 @@
 
 mod attention;
 mod buffers;
+mod experts;
 mod ffn;
 mod lora;
 mod project;
@@ -118,6 +119,10 @@ impl<'a, T: StoreOf> Pass<'a, T> {
                     rope: Buf::new(&mut ps.rope, cfg.rope_width()),
                     qh: Buf::new(&mut ps.qh, cfg.head_dim),
                     lora_t: Buf::new(&mut ps.lora_t, LORA_PRODUCTS * s.lora_stride),
+                    router: Buf::new(&mut ps.router, cfg.moe.map_or(1, |m| m.n_expert)),
+                    moe_out: Buf::new(&mut ps.moe_out, cfg.n_embd),
+                    moe_w: SharedMut::new(&mut ps.moe_w),
+                    moe_idx: SharedMut::new(&mut ps.moe_idx),
                     kc: SharedMut::new(&mut store.k),
                     vc: SharedMut::new(&mut store.v),
                     layout,
@@ -201,7 +206,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             self.join_residual(w, me, lw.attn_post_norm.as_deref());
             self.ffn_in(w, me, l, lw);
             if split {
-                self.broadcast(w, me, Shared::Ffn, me.part.ff_rows.clone());
+                self.broadcast_rows(w, me, Shared::Ffn, me.part.ff_rows.clone(), self.ffn_rows(lw));
                 w.global_barrier();
             }
             self.ffn_out(w, me, l, lw);
@@ -287,7 +292,12 @@ impl<'a, T: StoreOf> Pass<'a, T> {
     /// Copy columns `cols` of every row of one buffer from this part to the others. The
     /// node's threads split the rows.
     fn broadcast(&self, w: &NodeWorker, me: &PartView<T>, which: Shared, cols: Range<usize>) {
-        for r in w.share(self.rows.len(), 1) {
+        self.broadcast_rows(w, me, which, cols, self.rows.len())
+    }
+
+    /// [`Pass::broadcast`] of the first `count` rows.
+    fn broadcast_rows(&self, w: &NodeWorker, me: &PartView<T>, which: Shared, cols: Range<usize>, count: usize) {
+        for r in w.share(count, 1) {
             // SAFETY: this part alone owns columns `cols` in this phase, in every part's
             // buffer; its threads split the rows.
             unsafe {

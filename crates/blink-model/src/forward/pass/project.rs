@@ -76,7 +76,7 @@ impl<T: StoreOf> Pass<'_, T> {
         w.group_barrier();
     }
 
-    fn quantize_rows(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, ty: GgmlType) {
+    pub(super) fn quantize_rows(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, ty: GgmlType) {
         let bytes = ty.row_bytes(cols as u64).expect("checked at load") as usize;
         for r in w.share(count, 1) {
             // SAFETY: input rows are read-only here (written by this thread or before a
