@@ -1,5 +1,5 @@
 //! NEON kernels (with the dot-product extension) for the 32-element formats (`Q4_0`,
-//! `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`) against their 8-bit activations, over the interleaved
+//! `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `IQ4_NL`) against their 8-bit activations, over the interleaved
 //! layout of [`super::pack`].
 //!
 //! The structure of the x86 kernels on 128-bit vectors: lane `l` of a packed group's eight
@@ -42,6 +42,9 @@ trait Fam32 {
     const ACT_QS: usize;
     /// Subtracted from each unpacked quant to give the signed weight.
     const OFFSET: i8;
+    /// 4-bit quants index [`KVALUES_IQ4NL`](crate::quant::KVALUES_IQ4NL) (one table
+    /// lookup per vector gives the signed weights).
+    const LUT: bool = false;
 }
 
 struct Q4_0;
@@ -49,6 +52,7 @@ struct Q4_1;
 struct Q5_0;
 struct Q5_1;
 struct Q8_0;
+struct IQ4NL;
 
 macro_rules! fam32 {
     ($t:ident, $act_bytes:expr, $act_qs:expr, $offset:expr) => {
@@ -69,6 +73,17 @@ fam32!(Q4_1, 36, 4, 0);
 fam32!(Q5_0, 34, 2, 16);
 fam32!(Q5_1, 36, 4, 0);
 fam32!(Q8_0, 34, 2, 0);
+
+impl Fam32 for IQ4NL {
+    const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::IQ4_NL) {
+        Some(f) => f,
+        None => panic!("not a packable type"),
+    };
+    const ACT_BYTES: usize = 34;
+    const ACT_QS: usize = 2;
+    const OFFSET: i8 = 0;
+    const LUT: bool = true;
+}
 
 /// The 16 fifth bits at `qh` (little-endian), bit `i` as value 16 in byte `i`.
 #[inline(always)]
@@ -92,6 +107,10 @@ unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, h: usize, l: usize) -> (int8x16_
     let raw = vld1q_u8(at(l));
     let mut lo = vandq_u8(raw, vdupq_n_u8(0x0f));
     let mut hi = vshrq_n_u8::<4>(raw);
+    if F::LUT {
+        let table = vld1q_s8(crate::quant::KVALUES_IQ4NL.as_ptr());
+        return (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi));
+    }
     if F::FIELDS.qh.is_some() {
         lo = vorrq_u8(lo, fifth_bits(gb.add(qh_at + 4 * l + 2 * h)));
         hi = vorrq_u8(hi, fifth_bits(gb.add(qh_at + 4 * (l + 4) + 2 * h)));
@@ -308,8 +327,10 @@ pub(super) unsafe fn gemm_neon(order: DotOrder, ty: blink_gguf::GgmlType, cols: 
         };
     }
     match ty {
-        // One order: llama.cpp's x86 one (repacked `q4_0_8x8`) is the block order.
+        // One order: llama.cpp's x86 one (repacked `q4_0_8x8`, `iq4_nl_8x8`) is the block
+        // order.
         T::Q4_0 => gemm::<Q4_0, true>(cols, w, rows, act, act_stride, n_act, out),
+        T::IQ4_NL => gemm::<IQ4NL, true>(cols, w, rows, act, act_stride, n_act, out),
         T::Q4_1 => run!(Q4_1),
         T::Q5_0 => run!(Q5_0),
         T::Q5_1 => run!(Q5_1),

@@ -1,4 +1,5 @@
-//! The k-quant kernels of [`super`]: `Q2_K`..`Q6_K` against `Q8_K` activations.
+//! The k-quant kernels of [`super`]: `Q2_K`..`Q6_K` and `IQ4_XS` against `Q8_K`
+//! activations.
 //!
 //! Each weight block is unpacked once into its 256 signed quants in element order (the
 //! reference's `quants()`) and its group scales and mins, then reused for a tile of
@@ -42,6 +43,14 @@ trait KQuant {
     /// The scale of each group of `SUB` elements (the first `256 / SUB` entries), and the
     /// min applying to each group of 16 (zero without mins).
     unsafe fn scales(w: *const u8) -> ([i32; 16], [i16; 16]);
+
+    /// For a `LANES` format, one block's eight integer lanes against the activation block
+    /// at `a` (lane `k`: elements `4k..4k + 4` of every 32-element piece, times scales).
+    #[inline(always)]
+    unsafe fn lanes(q: &[int8x16_t; 16], sc: &[i32; 16], a: *const u8) -> [i32; 8] {
+        let _ = (q, sc, a);
+        unreachable!("not a LANES format")
+    }
 }
 
 struct Q2K;
@@ -49,6 +58,7 @@ struct Q3K;
 struct Q4K;
 struct Q5K;
 struct Q6K;
+struct IQ4XS;
 
 #[inline(always)]
 unsafe fn load(p: *const u8) -> uint8x16_t {
@@ -221,6 +231,67 @@ impl KQuant for Q6K {
     unsafe fn scales(w: *const u8) -> ([i32; 16], [i16; 16]) {
         (from_fn(|g| *(w.add(192 + g) as *const i8) as i32), [0; 16])
     }
+
+    /// Scalar: lane k sums scale·(q + 32)·a over elements 4k..4k + 4 of every 32-element
+    /// piece (lanes 0..4 from the even 16-element groups, 4..8 from the odd ones), less
+    /// 32·scale·bsum of groups 2k, 2k + 1.
+    #[inline(always)]
+    unsafe fn lanes(q: &[int8x16_t; 16], sc: &[i32; 16], a: *const u8) -> [i32; 8] {
+        let aq = a.add(ACT_QS);
+        let mut halves = [vdupq_n_s32(0); 2];
+        for (g, &qv) in q.iter().enumerate() {
+            let dot = sdot(vdupq_n_s32(0), vaddq_s8(qv, vdupq_n_s8(32)), vld1q_s8(aq.add(16 * g) as *const i8));
+            halves[g % 2] = vmlaq_n_s32(halves[g % 2], dot, sc[g]);
+        }
+        let mut l = [0i32; 8];
+        vst1q_s32(l.as_mut_ptr(), halves[0]);
+        vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
+        let bsum = |k: usize| (a.add(ACT_BSUMS + 2 * k) as *const i16).read_unaligned() as i32;
+        from_fn(|k| l[k] - 32 * (bsum(2 * k) * sc[2 * k] + bsum(2 * k + 1) * sc[2 * k + 1]))
+    }
+}
+
+impl KQuant for IQ4XS {
+    const BYTES: usize = 136;
+    const D: usize = 0;
+    const DMIN: Option<usize> = None;
+    const SUB: usize = 32;
+    const LANES: bool = true;
+
+    /// Table values: group g's low nibbles are its elements 0..16, high ones 16..32.
+    #[inline(always)]
+    unsafe fn quants(w: *const u8) -> [int8x16_t; 16] {
+        let table = vld1q_s8(crate::quant::KVALUES_IQ4NL.as_ptr());
+        from_fn(|v| {
+            let raw = load(w.add(8 + 16 * (v / 2)));
+            let idx = if v % 2 == 0 { vandq_u8(raw, vdupq_n_u8(0x0f)) } else { vshrq_n_u8::<4>(raw) };
+            vqtbl1q_s8(table, idx)
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> ([i32; 16], [i16; 16]) {
+        let (sh, sl) = ((w.add(2) as *const u16).read_unaligned() as u32, (w.add(4) as *const u32).read_unaligned());
+        (from_fn(|g| if g < 8 { (((sl >> (4 * g)) & 0x0f) | (((sh >> (2 * g)) & 3) << 4)) as i32 - 32 } else { 0 }), [0; 16])
+    }
+
+    /// Scalar: lane k sums scale·|v|·sign(a, v) (the negation wrapping, as x86's sign
+    /// trick) over elements 4k..4k + 4 of every group.
+    #[inline(always)]
+    unsafe fn lanes(q: &[int8x16_t; 16], sc: &[i32; 16], a: *const u8) -> [i32; 8] {
+        let aq = a.add(ACT_QS);
+        let mut halves = [vdupq_n_s32(0); 2];
+        for (v, &qv) in q.iter().enumerate() {
+            let av = vld1q_s8(aq.add(16 * v) as *const i8);
+            let signed = vbslq_s8(vcltzq_s8(qv), vnegq_s8(av), av);
+            let dot = sdot(vdupq_n_s32(0), vabsq_s8(qv), signed);
+            halves[v % 2] = vmlaq_n_s32(halves[v % 2], dot, sc[v / 2]);
+        }
+        let mut l = [0i32; 8];
+        vst1q_s32(l.as_mut_ptr(), halves[0]);
+        vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
+        l
+    }
 }
 
 /// The f16 at `p` (any alignment) as f32.
@@ -248,21 +319,9 @@ unsafe fn kquant_tile<K: KQuant, const NR: usize, const NA: usize>(nb: usize, w:
             for j in 0..NA {
                 let aq = ab[j].add(ACT_QS);
                 if K::LANES {
-                    // Scalar: lane k sums scale·(q + 32)·a over elements 4k..4k + 4 of every
-                    // 32-element piece: lanes 0..4 from the even 16-element groups, 4..8
-                    // from the odd ones; less 32·scale·bsum of groups 2k, 2k + 1.
-                    let mut halves = [vdupq_n_s32(0); 2];
-                    for (g, &qv) in q.iter().enumerate() {
-                        let dot = sdot(vdupq_n_s32(0), vaddq_s8(qv, vdupq_n_s8(32)), vld1q_s8(aq.add(16 * g) as *const i8));
-                        halves[g % 2] = vmlaq_n_s32(halves[g % 2], dot, sc[g]);
-                    }
-                    let mut l = [0i32; 8];
-                    vst1q_s32(l.as_mut_ptr(), halves[0]);
-                    vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
-                    let bsum = |k: usize| (ab[j].add(ACT_BSUMS + 2 * k) as *const i16).read_unaligned() as i32;
+                    let l = K::lanes(&q, &sc, ab[j]);
                     let da = (ab[j] as *const f32).read_unaligned();
-                    for (k, acc) in lanes8[i][j].iter_mut().enumerate() {
-                        let lane = l[k] - 32 * (bsum(2 * k) * sc[2 * k] + bsum(2 * k + 1) * sc[2 * k + 1]);
+                    for (acc, &lane) in lanes8[i][j].iter_mut().zip(&l) {
                         *acc = (da * d).mul_add(lane as f32, *acc);
                     }
                     continue;
@@ -348,6 +407,7 @@ pub(super) unsafe fn gemm(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize
         GgmlType::Q4_K => kquant_gemm::<Q4K>(cols, w, rows, act, act_stride, n_act, grouped, out),
         GgmlType::Q5_K => kquant_gemm::<Q5K>(cols, w, rows, act, act_stride, n_act, grouped, out),
         GgmlType::Q6_K => kquant_gemm::<Q6K>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::IQ4_XS => kquant_gemm::<IQ4XS>(cols, w, rows, act, act_stride, n_act, grouped, out),
         _ => return false,
     }
     true
