@@ -1,15 +1,18 @@
 //! Small random models of every supported architecture (Llama, Qwen2 with Q/K/V biases,
-//! Qwen3 with per-head Q/K norms and NeoX rope, and Llama with linear rope scaling), built
-//! as real GGUF files: each loads, computes finite logits, gives the same logits for a
-//! sequence alone and inside a batch, and the same logits split over simulated NUMA nodes.
-//! Rope scaling keys and per-layer shape arrays are read as llama.cpp reads them, and a
-//! file holding a tensor the engine would not use, or experts, is refused.
+//! Qwen3 with per-head Q/K norms and NeoX rope, Llama with linear rope scaling, SmolLM3,
+//! OLMo 2, Gemma 2, Phi-3, and mixtures of experts), built as real GGUF files: each
+//! loads, computes finite logits, gives the same logits for a sequence alone and inside a
+//! batch (with adapters too), and the same logits split over simulated NUMA nodes. Rope
+//! scaling keys and per-layer shape arrays are read as llama.cpp reads them, and a file
+//! holding a tensor the engine would not use, or experts of a family without them, is
+//! refused.
 
 use std::sync::Arc;
 
 use blink_gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
 use blink_kernels::quant::quantize_weights;
-use blink_model::{KvType, Model, TensorPlacement, Scratch, StepRow};
+use blink_model::lora::LoraMix;
+use blink_model::{AdapterSlot, KvType, Model, Scratch, Step, StepRow, TensorPlacement};
 use blink_runtime::numa::Topology;
 
 const VOCAB: usize = 96;
@@ -326,4 +329,59 @@ fn per_layer_shape_arrays_are_read_when_every_layer_agrees() {
     assert!(short.contains("1 per-layer values for 4 layers"), "{short}");
     let floats = refused(&[("attention.head_count", Value::Array(Array::F32(vec![4.0; LAYERS])))]);
     assert!(floats.contains("array[f32]"), "{floats}");
+}
+
+/// Every row's last logits, prefilling all `prompts` in one step, each with its mix.
+fn logits_with(model: &Model, threads: usize, prompts: &[(Vec<u32>, Option<Arc<LoraMix>>)]) -> Vec<Vec<f32>> {
+    let pool = model.pool(threads).unwrap();
+    let total: usize = prompts.iter().map(|(p, _)| p.len()).sum();
+    let mut kv = model.new_kv_cache(total + 64, KvType::F16);
+    let mut scratch = Scratch::new(model, total, prompts.len(), 64, threads);
+    let mut mixes = Vec::new();
+    let mut rows = Vec::new();
+    for (ids, mix) in prompts {
+        let seq = kv.new_seq();
+        let slot = mix.as_ref().map(|m| {
+            mixes.push(m.clone());
+            AdapterSlot((mixes.len() - 1) as u16)
+        });
+        rows.extend(ids.iter().enumerate().map(|(p, &t)| StepRow::prompt(t, p, seq).with_logits(p + 1 == ids.len()).with_adapter(slot)));
+    }
+    model.step(&pool, &mut kv, &Step::whole(&rows, model.cfg.n_layers).with_adapters(&mixes), &mut scratch).unwrap();
+    (0..prompts.len()).map(|i| scratch.logits(i).to_vec()).collect()
+}
+
+/// A random adapter on each new family (on every projection; on attention alone for a
+/// model with experts, whose FFN adapters are refused): it changes its rows, a row gets
+/// alone what it gets among rows of the base model and of the adapter, and two simulated
+/// nodes give the flat model's bits.
+#[test]
+fn adapters_on_the_new_families_do_not_depend_on_their_batch_mates() {
+    use blink_model::lora::{LoraTarget, LoraTensors};
+    let moe = [("expert_count", Value::U32(8)), ("expert_used_count", Value::U32(2))];
+    let window = [("attention.sliding_window", Value::U32(4))];
+    let cases: [(&str, &[(&str, Value)]); 5] = [("olmo2", &[]), ("gemma2", &window), ("smollm3", &[]), ("phi3", &[]), ("qwen3moe", &moe)];
+    for (arch, meta) in cases {
+        let file = Arc::new(GgufFile::from_bytes(build_with(arch, GgmlType::Q8_0, meta, &[])).unwrap());
+        let run = |model: &Model, threads: usize| {
+            let targets: &[LoraTarget] = if model.cfg.moe.is_some() { &[LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O] } else { &LoraTarget::ALL };
+            if model.cfg.moe.is_some() {
+                let all = LoraTensors::random(&model.cfg, 4, 8.0, &LoraTarget::ALL, 0.05, 3);
+                assert!(model.place_lora(&all).is_err(), "{arch}: an adapter on the experts' FFN is refused");
+            }
+            let tensors = LoraTensors::random(&model.cfg, 4, 8.0, targets, 0.05, 7);
+            let mix = Arc::new(LoraMix::single(Arc::new(model.place_lora(&tensors).unwrap())));
+            let prompt = |i: u32| vec![5 + i, 17, 33, 2, 90, 41, 7];
+            let prompts = vec![(prompt(0), None), (prompt(0), Some(mix.clone())), (prompt(1), Some(mix.clone())), (prompt(2), None)];
+            let together = logits_with(model, threads, &prompts);
+            assert_ne!(together[0], together[1], "{arch}: the adapter must change its rows");
+            for (i, p) in prompts.iter().enumerate() {
+                assert_eq!(logits_with(model, threads, std::slice::from_ref(p))[0], together[i], "{arch}: sequence {i} alone differs");
+            }
+            together
+        };
+        let flat = run(&Model::from_gguf(file.clone()).unwrap(), 2);
+        let split = Model::from_gguf_placed(file, &TensorPlacement::tensor_parallel(Topology::simulated(2), 2)).unwrap();
+        assert_eq!(run(&split, 2), flat, "{arch}: two simulated nodes differ");
+    }
 }
