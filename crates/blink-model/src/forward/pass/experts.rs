@@ -272,13 +272,16 @@ unsafe fn sort_slots<T: StoreOf>(me: &PartView<T>, at: &Routing, n_expert: usize
     for e in 0..n_expert {
         starts[e + 1] += starts[e];
     }
-    let mut next: Vec<u32> = starts[..n_expert].to_vec();
+    // Each expert's start serves as its cursor, ending at the next one's start; then the
+    // starts are shifted back (no allocation on the step's path).
     let order = me.moe_idx.slice_mut(at.order(0)..at.order(0) + at.slots);
     let place = me.moe_idx.slice_mut(at.place(0)..at.place(0) + at.slots);
     for (s, &e) in experts.iter().enumerate() {
-        let p = next[e as usize];
-        next[e as usize] += 1;
+        let p = starts[e as usize];
+        starts[e as usize] += 1;
         order[p as usize] = s as u32;
         place[s] = p;
     }
+    starts.copy_within(0..n_expert, 1);
+    starts[0] = 0;
 }
