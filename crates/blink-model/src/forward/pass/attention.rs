@@ -93,28 +93,33 @@ impl<T: StoreOf> Pass<'_, T> {
         }
         let ropes = cfg.ropes(layer);
         for r in w.share(self.rows.len(), 1) {
-            // SAFETY: each thread owns its rows of q, k, v, and the cache slots of those rows'
-            // positions (distinct rows have distinct (sequence, position) pairs). Whole rows
-            // of q and k are read only to norm them whole (shared before the barrier).
-            let (q_row, k_row, v) = unsafe { (me.q.row_mut(r), me.k.row_mut(r), me.v.cols_mut(r, kc.clone())) };
-            for (x, b) in [(&mut q_row[qc.clone()], &lw.bq), (&mut k_row[kc.clone()], &lw.bk), (&mut *v, &lw.bv)] {
+            // SAFETY: each thread owns its rows of q, k, v (this part's columns), and the cache
+            // slots of those rows' positions (distinct rows have distinct (sequence, position)
+            // pairs).
+            let (q, k, v) = unsafe { (me.q.cols_mut(r, qc.clone()), me.k.cols_mut(r, kc.clone()), me.v.cols_mut(r, kc.clone())) };
+            for (x, b) in [(&mut *q, &lw.bq), (&mut *k, &lw.bk), (&mut *v, &lw.bv)] {
                 if let Some(b) = b {
                     x.iter_mut().zip(b.iter()).for_each(|(x, b)| *x += b);
                 }
             }
-            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                match cfg.qk_norm {
-                    Some(QkNorm::Whole) => {
-                        ops::rms_norm_cols_in_place(self.isa, q_row, qn, cfg.norm_eps, qc.clone());
-                        ops::rms_norm_cols_in_place(self.isa, k_row, kn, cfg.norm_eps, kc.clone());
-                    }
-                    _ => {
-                        q_row[qc.clone()].chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, qn, cfg.norm_eps));
-                        k_row[kc.clone()].chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, kn, cfg.norm_eps));
+            match (&lw.q_norm, &lw.k_norm, cfg.qk_norm) {
+                (Some(qn), Some(kn), Some(QkNorm::Whole)) => {
+                    // SAFETY: whole rows are normed, this part's columns written: the others'
+                    // columns were shared before the last global barrier, and no part writes
+                    // them before the next (the query exchange waits for one).
+                    unsafe {
+                        ops::rms_norm_cols_in_place(self.isa, me.q.row_mut(r), qn, cfg.norm_eps, qc.clone());
+                        ops::rms_norm_cols_in_place(self.isa, me.k.row_mut(r), kn, cfg.norm_eps, kc.clone());
                     }
                 }
+                (Some(qn), Some(kn), _) => {
+                    q.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, qn, cfg.norm_eps));
+                    k.chunks_exact_mut(hd).for_each(|h| ops::rms_norm_in_place(self.isa, h, kn, cfg.norm_eps));
+                }
+                _ => {}
             }
-            let (q, k) = (&mut q_row[qc.clone()], &mut k_row[kc.clone()]);
+            // SAFETY: as above (the whole rows' borrows have ended).
+            let (q, k) = unsafe { (me.q.cols_mut(r, qc.clone()), me.k.cols_mut(r, kc.clone())) };
             if ropes {
                 // SAFETY: written before the pass's first barrier.
                 let angles = unsafe { me.rope.row(r) };
