@@ -285,3 +285,37 @@ unsafe fn sort_slots<T: StoreOf>(me: &PartView<T>, at: &Routing, n_expert: usize
     starts.copy_within(0..n_expert, 1);
     starts[0] = 0;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moe(n_used: usize, norm_weights: bool) -> Moe {
+        Moe { n_expert: 20, n_used, norm_weights, weights_scale: None }
+    }
+
+    /// Twenty scores: sixteen through ggml's `exp`, four through libm's; the chosen experts
+    /// in falling order of score, ties to the lower number, weights normed to one.
+    #[test]
+    fn routing_takes_the_best_experts_in_falling_order() {
+        let raw: Vec<f32> = (0..20).map(|e| ((e * 7 % 20) as f32 - 10.0) * 0.3).collect();
+        let mut scores = raw.clone();
+        let (mut chosen, mut weights) = ([0u32; 3], [0f32; 3]);
+        route(&moe(3, true), &mut scores, &mut chosen, &mut weights);
+        let mut order: Vec<usize> = (0..20).collect();
+        order.sort_by(|&a, &b| raw[b].partial_cmp(&raw[a]).unwrap().then(a.cmp(&b)));
+        assert_eq!(chosen.map(|c| c as usize).to_vec(), order[..3].to_vec());
+        let total: f32 = scores.iter().sum();
+        assert!((total - 1.0).abs() < 1e-6, "softmax sums to {total}");
+        assert!((weights.iter().sum::<f32>() - 1.0).abs() < 1e-6 && weights[0] >= weights[1] && weights[1] >= weights[2]);
+        // Without norming, the weights are the softmax's own.
+        let (mut s2, mut w2) = (raw.clone(), [0f32; 3]);
+        route(&moe(3, false), &mut s2, &mut chosen, &mut w2);
+        assert_eq!(w2, chosen.map(|c| s2[c as usize]));
+        // Equal scores: the lower expert first.
+        let mut flat = vec![0.5f32; 20];
+        route(&moe(3, true), &mut flat, &mut chosen, &mut weights);
+        assert_eq!(chosen, [0, 1, 2]);
+        assert!(weights.iter().all(|&w| (w - 1.0 / 3.0).abs() < 1e-6));
+    }
+}
