@@ -28,6 +28,7 @@ pub enum GgmlType {
     IQ4_NL,
     IQ4_XS,
     BF16,
+    MXFP4,
 }
 
 /// Elements per super-block of the k-quants.
@@ -35,7 +36,7 @@ pub const QK_K: usize = 256;
 
 impl GgmlType {
     /// Every supported type, in id order.
-    pub const ALL: [GgmlType; 17] = [
+    pub const ALL: [GgmlType; 18] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -53,6 +54,7 @@ impl GgmlType {
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
         GgmlType::BF16,
+        GgmlType::MXFP4,
     ];
 
     /// The type for a GGUF type id, or `None` if Blink does not support it.
@@ -80,6 +82,7 @@ impl GgmlType {
             GgmlType::IQ4_NL => 20,
             GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
+            GgmlType::MXFP4 => 39,
         }
     }
 
@@ -88,7 +91,7 @@ impl GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
-            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::IQ4_NL => 32,
+            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::IQ4_NL | GgmlType::MXFP4 => 32,
             GgmlType::IQ4_XS => QK_K,
             GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K => QK_K,
             GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => QK_K,
@@ -114,6 +117,7 @@ impl GgmlType {
             GgmlType::Q8_K => 292,
             GgmlType::IQ4_NL => 18,
             GgmlType::IQ4_XS => 136,
+            GgmlType::MXFP4 => 17,
         }
     }
 
@@ -152,6 +156,7 @@ impl GgmlType {
             GgmlType::IQ4_NL => "IQ4_NL",
             GgmlType::IQ4_XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 }

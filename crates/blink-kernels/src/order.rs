@@ -14,7 +14,7 @@
 //!   deterministic (the same on every CPU, batch and thread split) but differ from
 //!   llama.cpp's in the last bits, and so now and then in a token.
 //!
-//! `Q4_0` and `IQ4_NL` know only the block order: llama.cpp's x86 build repacks their
+//! `Q4_0`, `IQ4_NL` and `MXFP4` know only the block order: llama.cpp's x86 build repacks their
 //! matrices (eight interleaved rows) and its kernels for those add whole block sums. (It
 //! does not repack a matrix whose row count is not a multiple of eight, and multiplies
 //! that one in the lanes order; Blink does not follow it there.)

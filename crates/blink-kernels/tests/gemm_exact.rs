@@ -9,7 +9,7 @@ use blink_kernels::order::DotOrder;
 use blink_kernels::quant::{quantize_row, WeightType};
 use proptest::prelude::*;
 
-const TYPES: [GgmlType; 6] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL];
+const TYPES: [GgmlType; 7] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::MXFP4];
 
 /// Types whose SIMD kernels read the row-major layout.
 const ROW_MAJOR: [GgmlType; 9] = {
@@ -80,6 +80,13 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> 
     for _ in 0..n_blocks {
         let mut block: Vec<u8> = (0..ty.type_size()).map(|_| next() as u8).collect();
         let scale = |r: u64| half::f16::from_f32(((r % 2000) as f32 - 1000.0) * 1e-5).to_bits().to_le_bytes();
+        if ty == GgmlType::MXFP4 {
+            // An exponent of 2^-16..2^-4, now and then one of the two subnormal ones.
+            let r = next();
+            block[0] = if r % 16 == 0 { (r / 16 % 2) as u8 } else { 112 + (r / 16 % 13) as u8 };
+            out.extend_from_slice(&block);
+            continue;
+        }
         block[..2].copy_from_slice(&scale(next()));
         if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
             block[2..4].copy_from_slice(&scale(next()));
@@ -124,7 +131,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn simd_gemm_equals_scalar(ty_i in 0usize..6, block in any::<bool>(), rows in 1usize..27, blocks in 1usize..9, n_act in 1usize..10, seed in any::<u64>(), accumulate in any::<bool>()) {
+    fn simd_gemm_equals_scalar(ty_i in 0usize..7, block in any::<bool>(), rows in 1usize..27, blocks in 1usize..9, n_act in 1usize..10, seed in any::<u64>(), accumulate in any::<bool>()) {
         let ty = TYPES[ty_i];
         let order = if block { DotOrder::Block } else { DotOrder::Llama };
         let cols = blocks * 32;

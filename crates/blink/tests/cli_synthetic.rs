@@ -1,7 +1,8 @@
 //! `blink` against llama.cpp on the families without a small public model to hand:
 //! the default model's weights under Granite, SmolLM3, OLMo 2, Gemma 2 and Phi-3
 //! (`support::synthetic`, made as `scripts/llamacpp_ref/make_synthetic.py` made the
-//! files of `testdata/golden/synthetic-<arch>.json`). For each: llama.cpp's greedy text
+//! files of `testdata/golden/synthetic-<arch>.json`), and the default model quantized again
+//! to the formats no public file of its size comes in. For each: llama.cpp's greedy text
 //! (32 tokens, up to the first near-tie) on the same bytes, flat and over two simulated nodes, and its
 //! perplexity: the mean log-likelihood per token within 0.5%.
 
@@ -91,6 +92,12 @@ fn iq4_nl_and_iq4_xs_give_llama_cpps_text_and_perplexity() {
 fn q4_0_gives_llama_cpps_text_and_perplexity() {
     // llama.cpp's x86 build repacks Q4_0 and adds whole block sums: Blink's order for it.
     check_against_llama_cpp("q4_0", &requantized("q4_0", |_| GgmlType::Q4_0));
+}
+
+#[test]
+fn mxfp4_gives_llama_cpps_text_and_perplexity() {
+    // llama.cpp's x86 build repacks MXFP4 (as IQ4_NL) and adds whole block sums.
+    check_against_llama_cpp("mxfp4", &requantized("mxfp4", |_| GgmlType::MXFP4));
 }
 
 #[test]

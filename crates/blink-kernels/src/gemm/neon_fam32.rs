@@ -1,5 +1,5 @@
 //! NEON kernels (with the dot-product extension) for the 32-element formats (`Q4_0`,
-//! `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `IQ4_NL`) against their 8-bit activations, over the interleaved
+//! `Q4_1`, `Q5_0`, `Q5_1`, `Q8_0`, `IQ4_NL`, `MXFP4`) against their 8-bit activations, over the interleaved
 //! layout of [`super::pack`].
 //!
 //! The structure of the x86 kernels on 128-bit vectors: lane `l` of a packed group's eight
@@ -42,9 +42,10 @@ trait Fam32 {
     const ACT_QS: usize;
     /// Subtracted from each unpacked quant to give the signed weight.
     const OFFSET: i8;
-    /// 4-bit quants index [`KVALUES_IQ4NL`](crate::quant::KVALUES_IQ4NL) (one table
-    /// lookup per vector gives the signed weights).
-    const LUT: bool = false;
+    /// 4-bit quants index this table ([`KVALUES_IQ4NL`](crate::quant::KVALUES_IQ4NL),
+    /// [`KVALUES_MXFP4`](crate::quant::KVALUES_MXFP4)): one lookup per vector gives the
+    /// signed weights.
+    const LUT: Option<&'static [i8; 16]> = None;
 }
 
 struct Q4_0;
@@ -53,6 +54,7 @@ struct Q5_0;
 struct Q5_1;
 struct Q8_0;
 struct IQ4NL;
+struct MXFP4;
 
 macro_rules! fam32 {
     ($t:ident, $act_bytes:expr, $act_qs:expr, $offset:expr) => {
@@ -74,15 +76,38 @@ fam32!(Q5_0, 34, 2, 16);
 fam32!(Q5_1, 36, 4, 0);
 fam32!(Q8_0, 34, 2, 0);
 
-impl Fam32 for IQ4NL {
-    const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::IQ4_NL) {
-        Some(f) => f,
-        None => panic!("not a packable type"),
+/// A 4-bit table format against `Q8_0`.
+macro_rules! fam32_table {
+    ($t:ident, $ty:ident, $table:path) => {
+        impl Fam32 for $t {
+            const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::$ty) {
+                Some(f) => f,
+                None => panic!("not a packable type"),
+            };
+            const ACT_BYTES: usize = 34;
+            const ACT_QS: usize = 2;
+            const OFFSET: i8 = 0;
+            const LUT: Option<&'static [i8; 16]> = Some(&$table);
+        }
     };
-    const ACT_BYTES: usize = 34;
-    const ACT_QS: usize = 2;
-    const OFFSET: i8 = 0;
-    const LUT: bool = true;
+}
+
+fam32_table!(IQ4NL, IQ4_NL, crate::quant::KVALUES_IQ4NL);
+fam32_table!(MXFP4, MXFP4, crate::quant::KVALUES_MXFP4);
+
+/// The scales of rows `4h..4h + 4` at the start of a group-block as f32: f16 `d`s, or
+/// `MXFP4`'s exponents as [`e8m0_half`](crate::quant::e8m0_half) reads them (`(e − 1) <<
+/// 23`, the two smallest as subnormals `0x200000 << e`).
+#[inline(always)]
+unsafe fn weight_scales<F: Fam32>(gb: *const u8, h: usize) -> float32x4_t {
+    if F::FIELDS.scale == 2 {
+        return load_f16x4(gb.add(2 * HALF * h));
+    }
+    let p = gb.add(HALF * h);
+    let e = vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8((p as *const u32).read_unaligned() as u64))));
+    let normal = vshlq_n_u32::<23>(vsubq_u32(e, vdupq_n_u32(1)));
+    let subnormal = vshlq_u32(vdupq_n_u32(0x0020_0000), vreinterpretq_s32_u32(e));
+    vreinterpretq_f32_u32(vbslq_u32(vcgtq_u32(e, vdupq_n_u32(1)), normal, subnormal))
 }
 
 /// The 16 fifth bits at `qh` (little-endian), bit `i` as value 16 in byte `i`.
@@ -107,8 +132,8 @@ unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, h: usize, l: usize) -> (int8x16_
     let raw = vld1q_u8(at(l));
     let mut lo = vandq_u8(raw, vdupq_n_u8(0x0f));
     let mut hi = vshrq_n_u8::<4>(raw);
-    if F::LUT {
-        let table = vld1q_s8(crate::quant::KVALUES_IQ4NL.as_ptr());
+    if let Some(table) = F::LUT {
+        let table = vld1q_s8(table.as_ptr());
         return (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi));
     }
     if F::FIELDS.qh.is_some() {
@@ -169,7 +194,7 @@ unsafe fn tile_lanes<F: Fam32, const RA: usize>(t: Tile) {
     let mut tail = [zero; RA];
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
-        let dw = load_f16x4(gb.add(2 * HALF * h));
+        let dw = weight_scales::<F>(gb, h);
         let mut scales = [zero; RA];
         // The activation's lanes 0..4 and 4..8, for by-lane dot products.
         let mut aq = [[vdupq_n_s8(0); 2]; RA];
@@ -236,7 +261,7 @@ unsafe fn tile_block<F: Fam32, const RA: usize>(t: Tile) {
         lane_ints::<F, RA, 1>(gb, h, &aq, &mut sums);
         lane_ints::<F, RA, 2>(gb, h, &aq, &mut sums);
         lane_ints::<F, RA, 3>(gb, h, &aq, &mut sums);
-        let dw = load_f16x4(gb.add(2 * HALF * h));
+        let dw = weight_scales::<F>(gb, h);
         for j in 0..RA {
             let ab = a.add(j * a_stride + b * F::ACT_BYTES);
             let total = vcvtq_f32_s32(vaddq_s32(sums[j][0], sums[j][1]));
@@ -327,10 +352,11 @@ pub(super) unsafe fn gemm_neon(order: DotOrder, ty: blink_gguf::GgmlType, cols: 
         };
     }
     match ty {
-        // One order: llama.cpp's x86 one (repacked `q4_0_8x8`, `iq4_nl_8x8`) is the block
+        // One order: llama.cpp's x86 one (repacked `q4_0_8x8`, `iq4_nl_8x8`, `mxfp4_8x8`) is the block
         // order.
         T::Q4_0 => gemm::<Q4_0, true>(cols, w, rows, act, act_stride, n_act, out),
         T::IQ4_NL => gemm::<IQ4NL, true>(cols, w, rows, act, act_stride, n_act, out),
+        T::MXFP4 => gemm::<MXFP4, true>(cols, w, rows, act, act_stride, n_act, out),
         T::Q4_1 => run!(Q4_1),
         T::Q5_0 => run!(Q5_0),
         T::Q5_1 => run!(Q5_1),

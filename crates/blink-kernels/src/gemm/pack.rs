@@ -10,7 +10,7 @@
 //! blocks:
 //!
 //! ```text
-//! d[8] f16 | m[8] f16 (Q4_1, Q5_1) | qh[lane 0..8] u32 (Q5_0, Q5_1) | quants
+//! d[8] f16 (MXFP4: e[8] u8) | m[8] f16 (Q4_1, Q5_1) | qh[lane 0..8] u32 (Q5_0, Q5_1) | quants
 //! quants: 4-bit: for l in 0..4: 32 bytes, byte 4r+k = q[r][4l+k] | q[r][4(l+4)+k] << 4
 //!         8-bit: for l in 0..8: 32 bytes, byte 4r+k = q[r][4l+k]
 //! qh[l]: bit 4r+k = fifth bit of element 4l+k of row r
@@ -27,6 +27,8 @@ pub const GROUP: usize = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fields {
     pub block: usize,
+    /// Bytes of the block's scale at its start: 2 (`d`, f16) or 1 (`MXFP4`'s exponent).
+    pub scale: usize,
     /// Offset of the minimum `m` (f16), if any.
     pub m: Option<usize>,
     /// Offset of the 32-bit fifth-bit word, if any.
@@ -40,7 +42,7 @@ impl Fields {
     /// The fields of a packable type, or `None`.
     pub const fn of(ty: GgmlType) -> Option<Fields> {
         const fn f(block: usize, m: Option<usize>, qh: Option<usize>, qs: usize, bits: usize) -> Option<Fields> {
-            Some(Fields { block, m, qh, qs, bits })
+            Some(Fields { block, scale: 2, m, qh, qs, bits })
         }
         match ty {
             // IQ4_NL's nibbles index a table; stored as Q4_0's.
@@ -49,13 +51,14 @@ impl Fields {
             GgmlType::Q5_0 => f(22, None, Some(2), 6, 4),
             GgmlType::Q5_1 => f(24, Some(2), Some(4), 8, 4),
             GgmlType::Q8_0 => f(34, None, None, 2, 8),
+            GgmlType::MXFP4 => Some(Fields { block: 17, scale: 1, m: None, qh: None, qs: 1, bits: 4 }),
             _ => None,
         }
     }
 
     /// Offsets of the fields inside one packed group-block: (m, qh, quants).
     pub const fn packed_offsets(&self) -> (usize, usize, usize) {
-        let m = 2 * GROUP;
+        let m = self.scale * GROUP;
         let qh = m + if self.m.is_some() { 2 * GROUP } else { 0 };
         let qs = qh + if self.qh.is_some() { 4 * GROUP } else { 0 };
         (m, qh, qs)
@@ -89,7 +92,8 @@ fn pack_group_block(f: &Fields, blocks: [Option<&[u8]>; GROUP], dst: &mut [u8]) 
     let (m_at, qh_at, qs_at) = f.packed_offsets();
     for (r, blk) in blocks.iter().enumerate() {
         let Some(blk) = blk else { continue };
-        dst[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+        let sc = f.scale;
+        dst[sc * r..sc * (r + 1)].copy_from_slice(&blk[..sc]);
         if let Some(m) = f.m {
             dst[m_at + 2 * r..m_at + 2 * r + 2].copy_from_slice(&blk[m..m + 2]);
         }
@@ -117,7 +121,7 @@ fn pack_group_block(f: &Fields, blocks: [Option<&[u8]>; GROUP], dst: &mut [u8]) 
 pub fn unpack_block(f: &Fields, src: &[u8], r: usize, blk: &mut [u8]) {
     let (m_at, qh_at, qs_at) = f.packed_offsets();
     blk[..f.block].fill(0);
-    blk[..2].copy_from_slice(&src[2 * r..2 * r + 2]);
+    blk[..f.scale].copy_from_slice(&src[f.scale * r..f.scale * (r + 1)]);
     if let Some(m) = f.m {
         blk[m..m + 2].copy_from_slice(&src[m_at + 2 * r..m_at + 2 * r + 2]);
     }
@@ -217,7 +221,7 @@ unsafe fn pack_group_whole_lanes(f: &Fields, n_blocks: usize, src: *const u8, ro
         for b in 0..n_blocks {
             let gb = dst.add(b * f.group_block());
             let blk = src.add(r * row_bytes + b * f.block);
-            gb.add(2 * r).cast::<u16>().write_unaligned(blk.cast::<u16>().read_unaligned());
+            std::ptr::copy_nonoverlapping(blk, gb.add(f.scale * r), f.scale);
             if let Some(m) = f.m {
                 gb.add(m_at + 2 * r).cast::<u16>().write_unaligned(blk.add(m).cast::<u16>().read_unaligned());
             }
@@ -235,7 +239,7 @@ mod tests {
 
     #[test]
     fn unpacking_restores_every_block() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::MXFP4] {
             let f = Fields::of(ty).unwrap();
             let (rows, cols) = (13, 96);
             let src: Vec<u8> = (0..rows * cols / 32 * ty.type_size()).map(|i| (i * 7 + 3) as u8).collect();

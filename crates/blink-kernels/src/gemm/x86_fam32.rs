@@ -1,5 +1,5 @@
 //! AVX2 / AVX-512-VNNI kernels for the 32-element formats (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`,
-//! `Q8_0`, `IQ4_NL`) against their 8-bit activations, over the interleaved layout of [`super::pack`]
+//! `Q8_0`, `IQ4_NL`, `MXFP4`) against their 8-bit activations, over the interleaved layout of [`super::pack`]
 //! (row-major matrices are packed a group at a time on the fly).
 //!
 //! Each block's 32 products reduce to eight exact `i32` lanes of four (VNNI `dpbusd`, or
@@ -40,10 +40,11 @@ pub(super) trait Fam32 {
     /// Quants are signed bytes, used as they are: each product is |q| · (a · sign q),
     /// whose pair sums fit in 16 bits (|q| ≤ 128, |a| ≤ 127), so no offset is needed.
     const SIGNED: bool = false;
-    /// 4-bit quants index [`KVALUES_IQ4NL`](crate::quant::KVALUES_IQ4NL), whose signed
-    /// values the kernel multiplies (one in-lane shuffle per vector); such formats have one
-    /// order, the block order.
-    const LUT: bool = false;
+    /// 4-bit quants index this table ([`KVALUES_IQ4NL`](crate::quant::KVALUES_IQ4NL),
+    /// [`KVALUES_MXFP4`](crate::quant::KVALUES_MXFP4)), whose signed values the kernel
+    /// multiplies (one in-lane shuffle per vector); such formats have one order, the block
+    /// order.
+    const LUT: Option<&'static [i8; 16]> = None;
 }
 
 pub(super) struct Q4_0;
@@ -52,6 +53,7 @@ pub(super) struct Q5_0;
 pub(super) struct Q5_1;
 pub(super) struct Q8_0;
 pub(super) struct IQ4NL;
+pub(super) struct MXFP4;
 
 macro_rules! fam32 {
     ($t:ident, $act_bytes:expr, $act_qs:expr, $offset:expr, $small:expr) => {
@@ -75,17 +77,25 @@ fam32!(Q5_0, 34, 2, 16, true);
 fam32!(Q5_1, 36, 4, 0, true);
 fam32!(Q8_0, 34, 2, 0, true);
 
-impl Fam32 for IQ4NL {
-    const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::IQ4_NL) {
-        Some(f) => f,
-        None => panic!("not a packable type"),
+/// A 4-bit table format against `Q8_0`.
+macro_rules! fam32_table {
+    ($t:ident, $ty:ident, $table:path) => {
+        impl Fam32 for $t {
+            const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::$ty) {
+                Some(f) => f,
+                None => panic!("not a packable type"),
+            };
+            const ACT_BYTES: usize = 34;
+            const ACT_QS: usize = 2;
+            const OFFSET: i32 = 0;
+            const SIGNED: bool = true;
+            const LUT: Option<&'static [i8; 16]> = Some(&$table);
+        }
     };
-    const ACT_BYTES: usize = 34;
-    const ACT_QS: usize = 2;
-    const OFFSET: i32 = 0;
-    const SIGNED: bool = true;
-    const LUT: bool = true;
 }
+
+fam32_table!(IQ4NL, IQ4_NL, crate::quant::KVALUES_IQ4NL);
+fam32_table!(MXFP4, MXFP4, crate::quant::KVALUES_MXFP4);
 
 /// Bit `k` of the 32-bit word at `qh` as value 16 in byte `k`.
 #[inline(always)]
@@ -120,8 +130,8 @@ unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize, signed: bool) -> (__m2
     let mask = _mm256_set1_epi8(0x0f);
     let mut lo = _mm256_and_si256(raw, mask);
     let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), mask);
-    if F::LUT {
-        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(crate::quant::KVALUES_IQ4NL.as_ptr() as *const __m128i));
+    if let Some(table) = F::LUT {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
         let (lo, hi) = (_mm256_shuffle_epi8(table, lo), _mm256_shuffle_epi8(table, hi));
         if signed {
             return (lo, hi);
@@ -212,6 +222,21 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
+/// The eight rows' scales at the start of a group-block as f32: f16 `d`s, or `MXFP4`'s
+/// exponents as [`e8m0_half`](crate::quant::e8m0_half) reads them (`(e − 1) << 23`, the
+/// two smallest as subnormals `0x200000 << e`).
+#[inline(always)]
+unsafe fn weight_scales<F: Fam32>(gb: *const u8) -> __m256 {
+    if F::FIELDS.scale == 2 {
+        return f16x8(gb);
+    }
+    let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(gb as *const __m128i));
+    let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+    let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+    _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, is_normal))
+}
+
 /// How the kernel reads `F` on `D`: (signed quants with the sign trick, offset added to
 /// make them unsigned, unsigned values all below 128).
 #[inline(always)]
@@ -257,7 +282,7 @@ unsafe fn tile_lanes<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool>(t: T
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
         ahead.fetch::<L2>(b);
-        let dw = f16x8(gb);
+        let dw = weight_scales::<F>(gb);
         let mut scales = [_mm256_setzero_ps(); RA];
         let mut aq = [std::ptr::null::<u8>(); RA];
         let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
@@ -364,7 +389,7 @@ unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool>(t: T
                 }
             }
         }
-        let dw = f16x8(gb);
+        let dw = weight_scales::<F>(gb);
         let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
         for j in 0..RA {
             let sc = scales_f32.add(2 * (j * n_blocks + b));
@@ -535,15 +560,22 @@ unsafe fn pack_whole_group<F: Fam32>(n_blocks: usize, src: *const u8, row_bytes:
         }
         let gb = dst.add(b * f.group_block());
         let blk = |r: usize| src.add(r * row_bytes + b * f.block);
-        // Each row's first four bytes (`d`, then `m` or two quant bytes) in one gather;
-        // the `d`s, then the `m`s, drawn out of them in row order.
-        let heads = _mm256_i32gather_epi32::<1>(src.add(b * f.block) as *const i32, rows_at);
-        let split = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(heads, D_THEN_M));
-        if f.m.is_some() {
-            debug_assert_eq!((f.m, m_at), (Some(2), 2 * GROUP));
-            _mm256_storeu_si256(gb as *mut __m256i, split);
+        if f.scale == 1 {
+            // One byte each (`MXFP4`'s exponents).
+            for r in 0..GROUP {
+                *gb.add(r) = *blk(r);
+            }
         } else {
-            _mm_storeu_si128(gb as *mut __m128i, _mm256_castsi256_si128(split));
+            // Each row's first four bytes (`d`, then `m` or two quant bytes) in one gather;
+            // the `d`s, then the `m`s, drawn out of them in row order.
+            let heads = _mm256_i32gather_epi32::<1>(src.add(b * f.block) as *const i32, rows_at);
+            let split = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(heads, D_THEN_M));
+            if f.m.is_some() {
+                debug_assert_eq!((f.m, m_at), (Some(2), 2 * GROUP));
+                _mm256_storeu_si256(gb as *mut __m256i, split);
+            } else {
+                _mm_storeu_si128(gb as *mut __m128i, _mm256_castsi256_si128(split));
+            }
         }
         for h in 0..halves {
             let run = |r: usize| blk(r).add(f.qs + 16 * h) as *const __m128i;
@@ -708,6 +740,10 @@ macro_rules! dispatch {
                 T::IQ4_NL => match layout {
                     Layout::Packed => gemm::<IQ4NL, $dot, true, false>(cols, w, rows, act, act_stride, n_act, out),
                     Layout::RowMajor => gemm::<IQ4NL, $dot, true, true>(cols, w, rows, act, act_stride, n_act, out),
+                },
+                T::MXFP4 => match layout {
+                    Layout::Packed => gemm::<MXFP4, $dot, true, false>(cols, w, rows, act, act_stride, n_act, out),
+                    Layout::RowMajor => gemm::<MXFP4, $dot, true, true>(cols, w, rows, act, act_stride, n_act, out),
                 },
                 _ => return false,
             }

@@ -238,6 +238,16 @@ pub struct BlockIQ4XS {
     pub qs: [u8; QK_K / 2],
 }
 
+/// `MXFP4` (OCP microscaling FP4): 32 weights `2^(e−128) · KVALUES_MXFP4[q]`, an 8-bit
+/// power-of-two exponent `e` (E8M0, halved because the table holds doubled E2M1 values)
+/// and 4-bit `q` (low nibbles: elements 0..16, high nibbles 16..32).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockMXFP4 {
+    pub e: u8,
+    pub qs: [u8; QK32 / 2],
+}
+
 /// `Q8_K`: 256 values `d * q` plus per-16 sums of `q`. The activation format of the k-quants.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -264,6 +274,7 @@ const _: () = assert!(size_of::<BlockQ6K>() == 210);
 const _: () = assert!(size_of::<BlockQ8K>() == 292);
 const _: () = assert!(size_of::<BlockIQ4NL>() == 18);
 const _: () = assert!(size_of::<BlockIQ4XS>() == 136);
+const _: () = assert!(size_of::<BlockMXFP4>() == 17);
 
 macro_rules! impl_block {
     ($($ty:ident => $gg:ident, $elems:expr;)*) => {$(
@@ -291,6 +302,7 @@ impl_block! {
     BlockQ8K => Q8_K, QK_K;
     BlockIQ4NL => IQ4_NL, QK32;
     BlockIQ4XS => IQ4_XS, QK_K;
+    BlockMXFP4 => MXFP4, QK32;
 }
 
 #[cfg(test)]
@@ -320,6 +332,7 @@ mod tests {
         check::<BlockQ5K>();
         check::<BlockQ6K>();
         check::<BlockQ8K>();
+        check::<BlockMXFP4>();
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod kquants_bits;
 mod kquants_quantize;
 mod kquants_search;
 mod legacy;
+mod mxfp4;
 mod numeric;
 pub mod reduce;
 pub mod rows;
@@ -30,10 +31,11 @@ use blink_gguf::GgmlType;
 use crate::order::DotOrder;
 
 pub use blocks::{
-    Block, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 pub use iquants::KVALUES_IQ4NL;
+pub use mxfp4::{e8m0_half, KVALUES_MXFP4};
 pub use kquants_bits::{q3_scales, scale_min_k4};
 pub use rows::{DotAcc, QuantBlock};
 
@@ -93,6 +95,7 @@ impl WeightType for GgmlType {
             Q8_K => act::<BlockQ8K>(),
             IQ4_NL => act::<BlockIQ4NL>(),
             IQ4_XS => act::<BlockIQ4XS>(),
+            MXFP4 => act::<BlockMXFP4>(),
         }
     }
 }
@@ -142,6 +145,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         Q8_K => rows::dequantize::<BlockQ8K>(src, dst),
         IQ4_NL => rows::dequantize::<BlockIQ4NL>(src, dst),
         IQ4_XS => rows::dequantize::<BlockIQ4XS>(src, dst),
+        MXFP4 => rows::dequantize::<BlockMXFP4>(src, dst),
     }
 }
 
@@ -189,6 +193,7 @@ fn quantize_ref(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         Q8_K => rows::quantize_with(src, dst, BlockQ8K::quantize_ref),
         IQ4_NL => rows::quantize_with(src, dst, BlockIQ4NL::quantize_ref),
         IQ4_XS => rows::quantize_with(src, dst, BlockIQ4XS::quantize_ref),
+        MXFP4 => rows::quantize_with(src, dst, BlockMXFP4::quantize_ref),
     }
 }
 
@@ -236,6 +241,7 @@ pub fn vec_dot_in(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8])
         Q8_K => rows::vec_dot::<BlockQ8K>(order, nb, w, act),
         IQ4_NL => rows::vec_dot::<BlockIQ4NL>(order, nb, w, act),
         IQ4_XS => iquants::vec_dot_iq4_xs(nb, w, act),
+        MXFP4 => rows::vec_dot::<BlockMXFP4>(order, nb, w, act),
     }
 }
 
@@ -272,6 +278,7 @@ pub fn accumulate_block(ty: GgmlType, w: &[u8], a: &[u8], acc: &mut DotAcc) {
         Q8_K => one::<BlockQ8K>(w, a, acc),
         IQ4_NL => one::<BlockIQ4NL>(w, a, acc),
         IQ4_XS => one::<BlockIQ4XS>(w, a, acc),
+        MXFP4 => one::<BlockMXFP4>(w, a, acc),
         F32 | F16 | BF16 => panic!("accumulate_block is for block-quantized types, not {ty}"),
     }
 }
