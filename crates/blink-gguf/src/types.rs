@@ -28,6 +28,8 @@ pub enum GgmlType {
     IQ4_NL,
     IQ4_XS,
     BF16,
+    TQ1_0,
+    TQ2_0,
     MXFP4,
 }
 
@@ -36,7 +38,7 @@ pub const QK_K: usize = 256;
 
 impl GgmlType {
     /// Every supported type, in id order.
-    pub const ALL: [GgmlType; 18] = [
+    pub const ALL: [GgmlType; 20] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -54,6 +56,8 @@ impl GgmlType {
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
         GgmlType::BF16,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
         GgmlType::MXFP4,
     ];
 
@@ -82,6 +86,8 @@ impl GgmlType {
             GgmlType::IQ4_NL => 20,
             GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
+            GgmlType::TQ1_0 => 34,
+            GgmlType::TQ2_0 => 35,
             GgmlType::MXFP4 => 39,
         }
     }
@@ -92,7 +98,7 @@ impl GgmlType {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
             GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::IQ4_NL | GgmlType::MXFP4 => 32,
-            GgmlType::IQ4_XS => QK_K,
+            GgmlType::IQ4_XS | GgmlType::TQ1_0 | GgmlType::TQ2_0 => QK_K,
             GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K => QK_K,
             GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => QK_K,
         }
@@ -117,6 +123,8 @@ impl GgmlType {
             GgmlType::Q8_K => 292,
             GgmlType::IQ4_NL => 18,
             GgmlType::IQ4_XS => 136,
+            GgmlType::TQ1_0 => 54,
+            GgmlType::TQ2_0 => 66,
             GgmlType::MXFP4 => 17,
         }
     }
@@ -156,6 +164,8 @@ impl GgmlType {
             GgmlType::IQ4_NL => "IQ4_NL",
             GgmlType::IQ4_XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
+            GgmlType::TQ1_0 => "TQ1_0",
+            GgmlType::TQ2_0 => "TQ2_0",
             GgmlType::MXFP4 => "MXFP4",
         }
     }

@@ -19,7 +19,7 @@ mod common;
 
 use blink_gguf::GgmlType;
 use blink_kernels::quant::{
-    dequantize_row, quantize_row, quantize_weights, vec_dot_in, Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K,
+    dequantize_row, quantize_row, quantize_weights, vec_dot_in, Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockTQ1_0, BlockTQ2_0, BlockQ2K,
     BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
     BlockQ8_0, BlockQ8_1, WeightType,
 };
@@ -66,6 +66,9 @@ fn clear_quants(ty: GgmlType, row: &[u8]) -> Vec<u8> {
         IQ4_NL => map_blocks(&mut r, |b: &mut BlockIQ4NL| b.qs = [0x88; 16]),
         IQ4_XS => map_blocks(&mut r, |b: &mut BlockIQ4XS| b.qs = [0x88; 128]),
         MXFP4 => map_blocks(&mut r, |b: &mut BlockMXFP4| b.qs = [0; 16]),
+        // Every trit 1 (a zero weight).
+        TQ1_0 => map_blocks(&mut r, |b: &mut BlockTQ1_0| (b.qs, b.qh) = ([128; 48], [127; 4])),
+        TQ2_0 => map_blocks(&mut r, |b: &mut BlockTQ2_0| b.qs = [0x55; 64]),
         F32 | F16 | BF16 => {}
     }
     r
@@ -148,7 +151,7 @@ fn check_dot(ty: GgmlType, w: &[u8], x: &[f32]) {
     }
 }
 
-const WEIGHT_TYPES: [GgmlType; 18] = GgmlType::ALL;
+const WEIGHT_TYPES: [GgmlType; 20] = GgmlType::ALL;
 
 fn gaussian(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.normal() * scale).collect()
@@ -184,6 +187,8 @@ fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
         IQ4_NL => map_blocks(&mut row, |b: &mut BlockIQ4NL| b.d = h()),
         IQ4_XS => map_blocks(&mut row, |b: &mut BlockIQ4XS| b.d = h()),
         // Scales 2^-16..2^-4, now and then one of the subnormal two.
+        TQ1_0 => map_blocks(&mut row, |b: &mut BlockTQ1_0| b.d = h()),
+        TQ2_0 => map_blocks(&mut row, |b: &mut BlockTQ2_0| b.d = h()),
         MXFP4 => map_blocks(&mut row, |b: &mut BlockMXFP4| b.e = if b.e < 8 { b.e % 2 } else { 112 + b.e % 13 }),
         Q8_K => map_blocks(&mut row, |b: &mut BlockQ8K| {
             b.d = (rng_seed(&b.qs[..]) % 1000) as f32 * 1e-5;

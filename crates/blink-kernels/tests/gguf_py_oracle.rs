@@ -12,8 +12,8 @@ use blink_gguf::GgmlType;
 use blink_kernels::quant::{dequantize_row, quantize_row, quantize_weights};
 use common::{ggml_type, row_bytes, Fixture};
 
-const DEQUANT_TYPES: [&str; 15] = [
-    "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
+const DEQUANT_TYPES: [&str; 17] = [
+    "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0",
 ];
 
 #[test]
@@ -50,7 +50,7 @@ fn dequantize_matches_gguf_py_bit_exactly() {
 fn weight_quantizers_match_gguf_py_byte_exactly() {
     let fx = Fixture::load("gguf_py.bkf");
     let x = fx.f32s("quant/in");
-    for name in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "F16", "BF16"] {
+    for name in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "TQ1_0", "TQ2_0", "F16", "BF16"] {
         let ty = ggml_type(name);
         let want = fx.bytes(&format!("quant/{name}"));
         let mut got = vec![0u8; row_bytes(ty, x.len())];

@@ -84,20 +84,34 @@ fn phi3_gives_llama_cpps_text_and_perplexity() {
 fn iq4_nl_and_iq4_xs_give_llama_cpps_text_and_perplexity() {
     // IQ4_XS where a row is whole super-blocks (the FFN's down projection), IQ4_NL elsewhere,
     // as llama-quantize falls back.
-    let model = requantized("iq4", |cols| if cols.is_multiple_of(256) { GgmlType::IQ4_XS } else { GgmlType::IQ4_NL });
+    let model = requantized("iq4", |_, cols| if cols.is_multiple_of(256) { GgmlType::IQ4_XS } else { GgmlType::IQ4_NL });
     check_against_llama_cpp("iq4", &model);
 }
 
 #[test]
 fn q4_0_gives_llama_cpps_text_and_perplexity() {
     // llama.cpp's x86 build repacks Q4_0 and adds whole block sums: Blink's order for it.
-    check_against_llama_cpp("q4_0", &requantized("q4_0", |_| GgmlType::Q4_0));
+    check_against_llama_cpp("q4_0", &requantized("q4_0", |_, _| GgmlType::Q4_0));
 }
 
 #[test]
 fn mxfp4_gives_llama_cpps_text_and_perplexity() {
     // llama.cpp's x86 build repacks MXFP4 (as IQ4_NL) and adds whole block sums.
-    check_against_llama_cpp("mxfp4", &requantized("mxfp4", |_| GgmlType::MXFP4));
+    check_against_llama_cpp("mxfp4", &requantized("mxfp4", |_, _| GgmlType::MXFP4));
+}
+
+#[test]
+fn tq1_0_and_tq2_0_give_llama_cpps_text_and_perplexity() {
+    // The last four layers' FFN down projections ternary (TQ1_0, TQ2_0 in turn), Q8_0
+    // elsewhere: a trained model made ternary throughout says nothing but noise.
+    let model = requantized("ternary", |name, _| {
+        let layer = name.strip_prefix("blk.").and_then(|s| s.split('.').next()).and_then(|l| l.parse::<usize>().ok());
+        match layer {
+            Some(l) if l >= 26 && name.ends_with("ffn_down.weight") => [GgmlType::TQ1_0, GgmlType::TQ2_0][l % 2],
+            _ => GgmlType::Q8_0,
+        }
+    });
+    check_against_llama_cpp("ternary", &model);
 }
 
 #[test]

@@ -248,6 +248,26 @@ pub struct BlockMXFP4 {
     pub qs: [u8; QK32 / 2],
 }
 
+/// `TQ1_0` (ternary, 1.69 bits a weight): 256 weights `d · (t − 1)`, trits `t ∈ {0, 1, 2}`
+/// packed five to a byte (`qs`: elements 0..240) and four to a byte (`qh`: 240..256), each
+/// byte a base-3 fraction scaled to 0..256 so a trit is the top of `byte · 3^n · 3`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockTQ1_0 {
+    pub qs: [u8; 48],
+    pub qh: [u8; 4],
+    pub d: f16,
+}
+
+/// `TQ2_0` (ternary, 2.06 bits a weight): 256 weights `d · (t − 1)`, 2-bit `t` (byte `m` of
+/// each 32-byte run holds elements `m`, `m + 32`, `m + 64`, `m + 96` of its 128).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockTQ2_0 {
+    pub qs: [u8; QK_K / 4],
+    pub d: f16,
+}
+
 /// `Q8_K`: 256 values `d * q` plus per-16 sums of `q`. The activation format of the k-quants.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -275,6 +295,8 @@ const _: () = assert!(size_of::<BlockQ8K>() == 292);
 const _: () = assert!(size_of::<BlockIQ4NL>() == 18);
 const _: () = assert!(size_of::<BlockIQ4XS>() == 136);
 const _: () = assert!(size_of::<BlockMXFP4>() == 17);
+const _: () = assert!(size_of::<BlockTQ1_0>() == 54);
+const _: () = assert!(size_of::<BlockTQ2_0>() == 66);
 
 macro_rules! impl_block {
     ($($ty:ident => $gg:ident, $elems:expr;)*) => {$(
@@ -303,6 +325,8 @@ impl_block! {
     BlockIQ4NL => IQ4_NL, QK32;
     BlockIQ4XS => IQ4_XS, QK_K;
     BlockMXFP4 => MXFP4, QK32;
+    BlockTQ1_0 => TQ1_0, QK_K;
+    BlockTQ2_0 => TQ2_0, QK_K;
 }
 
 #[cfg(test)]
@@ -333,6 +357,8 @@ mod tests {
         check::<BlockQ6K>();
         check::<BlockQ8K>();
         check::<BlockMXFP4>();
+        check::<BlockTQ1_0>();
+        check::<BlockTQ2_0>();
     }
 
     #[test]

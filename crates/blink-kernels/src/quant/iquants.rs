@@ -6,17 +6,15 @@
 //! (`iq4_nl_8x8`, as `Q4_0`), whose kernels add each block's exact integer sum times
 //! `d·d_a` with one FMA, in one chain per output: that is this format's only order.
 //! `IQ4_XS` keeps eight integer lanes per super-block (lane `k`: elements `4k..4k+4` of
-//! every group, times the group's scale) in eight float lanes, one FMA each, summed at the
-//! end as `hsum_float_8` does. Its products are llama.cpp's sign trick, `|v| · sign(a, v)`
+//! every group, times the group's scale) in eight float lanes ([`EightLanes`]). Its products are llama.cpp's sign trick, `|v| · sign(a, v)`
 //! in bytes: an activation of −128 against a negative value wraps, so that product comes
 //! out as `128 · v` rather than `−128 · v` ([`signed_product`]). `Q8_K` rows hold a −128
 //! in every block (the element of largest magnitude), so this is part of the definition.
 
 use half::f16;
 
-use super::blocks::{read_blocks, BlockIQ4NL, BlockIQ4XS, BlockQ8K, BlockQ8_0, QK32};
-use super::reduce::hsum8;
-use super::rows::{DotAcc, QuantBlock};
+use super::blocks::{BlockIQ4NL, BlockIQ4XS, BlockQ8K, BlockQ8_0, QK32};
+use super::rows::{DotAcc, EightLanes, QuantBlock};
 use blink_gguf::QK_K;
 
 /// The sixteen values a 4-bit `IQ4_NL`/`IQ4_XS` quant stands for.
@@ -188,12 +186,18 @@ impl QuantBlock for BlockIQ4XS {
         block
     }
 
-    /// The block's value alone (its eight lanes summed): [`vec_dot_iq4_xs`] defines the
-    /// row's order.
     fn dot(&self, act: &BlockQ8K) -> f32 {
-        let lanes = iq4_xs_lanes(self, act);
-        let d = act.d * self.d.to_f32();
-        hsum8(&lanes.map(|l| d * l as f32))
+        self.lanes_value(act)
+    }
+}
+
+impl EightLanes for BlockIQ4XS {
+    fn lanes(&self, act: &BlockQ8K) -> [i32; 8] {
+        iq4_xs_lanes(self, act)
+    }
+
+    fn scale(&self) -> f32 {
+        self.d.to_f32()
     }
 }
 
@@ -219,20 +223,6 @@ fn iq4_xs_lanes(w: &BlockIQ4XS, a: &BlockQ8K) -> [i32; 8] {
         }
     }
     lanes
-}
-
-/// An `IQ4_XS` row's dot with a `Q8_K` row as llama.cpp's x86 build computes it: each
-/// super-block's eight integer lanes go into eight float lanes with one FMA by `d_a·d`
-/// each, summed at the end as `hsum_float_8`.
-pub fn vec_dot_iq4_xs(n_blocks: usize, w: &[u8], act: &[u8]) -> f32 {
-    let mut acc = [0f32; 8];
-    for (wb, ab) in read_blocks::<BlockIQ4XS>(w).zip(read_blocks::<BlockQ8K>(act)).take(n_blocks) {
-        let d = ab.d * wb.d.to_f32();
-        for (acc, lane) in acc.iter_mut().zip(iq4_xs_lanes(&wb, &ab)) {
-            *acc = d.mul_add(lane as f32, *acc);
-        }
-    }
-    hsum8(&acc)
 }
 
 #[cfg(test)]
@@ -278,7 +268,7 @@ mod tests {
         wb.dequantize(&mut wd);
         ab.dequantize(&mut ad);
         let exact: f32 = wd.iter().zip(&ad).map(|(x, y)| x * y).sum();
-        let got = vec_dot_iq4_xs(1, wb.as_bytes(), ab.as_bytes());
+        let got = crate::quant::rows::vec_dot_eight_lanes::<BlockIQ4XS>(1, wb.as_bytes(), ab.as_bytes());
         assert!((got - exact).abs() <= 1e-4 * exact.abs().max(1e-3), "{got} vs {exact}");
         assert_eq!(wb.dot(&ab), got);
     }

@@ -23,6 +23,7 @@ mod kquants_search;
 mod legacy;
 mod mxfp4;
 mod numeric;
+mod ternary;
 pub mod reduce;
 pub mod rows;
 
@@ -31,7 +32,7 @@ use blink_gguf::GgmlType;
 use crate::order::DotOrder;
 
 pub use blocks::{
-    Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockTQ1_0, BlockTQ2_0, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 pub use iquants::KVALUES_IQ4NL;
@@ -96,6 +97,8 @@ impl WeightType for GgmlType {
             IQ4_NL => act::<BlockIQ4NL>(),
             IQ4_XS => act::<BlockIQ4XS>(),
             MXFP4 => act::<BlockMXFP4>(),
+            TQ1_0 => act::<BlockTQ1_0>(),
+            TQ2_0 => act::<BlockTQ2_0>(),
         }
     }
 }
@@ -146,6 +149,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         IQ4_NL => rows::dequantize::<BlockIQ4NL>(src, dst),
         IQ4_XS => rows::dequantize::<BlockIQ4XS>(src, dst),
         MXFP4 => rows::dequantize::<BlockMXFP4>(src, dst),
+        TQ1_0 => rows::dequantize::<BlockTQ1_0>(src, dst),
+        TQ2_0 => rows::dequantize::<BlockTQ2_0>(src, dst),
     }
 }
 
@@ -194,6 +199,8 @@ fn quantize_ref(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         IQ4_NL => rows::quantize_with(src, dst, BlockIQ4NL::quantize_ref),
         IQ4_XS => rows::quantize_with(src, dst, BlockIQ4XS::quantize_ref),
         MXFP4 => rows::quantize_with(src, dst, BlockMXFP4::quantize_ref),
+        TQ1_0 => rows::quantize_with(src, dst, BlockTQ1_0::quantize_ref),
+        TQ2_0 => rows::quantize_with(src, dst, BlockTQ2_0::quantize_ref),
     }
 }
 
@@ -240,7 +247,9 @@ pub fn vec_dot_in(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8])
         Q6_K => kquants::vec_dot_q6_k(nb, w, act),
         Q8_K => rows::vec_dot::<BlockQ8K>(order, nb, w, act),
         IQ4_NL => rows::vec_dot::<BlockIQ4NL>(order, nb, w, act),
-        IQ4_XS => iquants::vec_dot_iq4_xs(nb, w, act),
+        IQ4_XS => rows::vec_dot_eight_lanes::<BlockIQ4XS>(nb, w, act),
+        TQ1_0 => rows::vec_dot_eight_lanes::<BlockTQ1_0>(nb, w, act),
+        TQ2_0 => rows::vec_dot_eight_lanes::<BlockTQ2_0>(nb, w, act),
         MXFP4 => rows::vec_dot::<BlockMXFP4>(order, nb, w, act),
     }
 }
@@ -279,6 +288,8 @@ pub fn accumulate_block(ty: GgmlType, w: &[u8], a: &[u8], acc: &mut DotAcc) {
         IQ4_NL => one::<BlockIQ4NL>(w, a, acc),
         IQ4_XS => one::<BlockIQ4XS>(w, a, acc),
         MXFP4 => one::<BlockMXFP4>(w, a, acc),
+        TQ1_0 => one::<BlockTQ1_0>(w, a, acc),
+        TQ2_0 => one::<BlockTQ2_0>(w, a, acc),
         F32 | F16 | BF16 => panic!("accumulate_block is for block-quantized types, not {ty}"),
     }
 }

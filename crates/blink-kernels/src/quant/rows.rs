@@ -2,7 +2,7 @@
 //!
 //! A row kernel only walks blocks in order; all numerics live in the [`QuantBlock`] impls.
 
-use super::blocks::{read_blocks, Block};
+use super::blocks::{read_blocks, Block, BlockQ8K};
 use super::reduce::hsum8;
 use crate::order::DotOrder;
 
@@ -132,4 +132,33 @@ pub fn vec_dot<B: QuantBlock>(order: DotOrder, n_blocks: usize, w: &[u8], act: &
         wb.accumulate(&ab, &mut acc);
     }
     acc.finish()
+}
+
+/// A `Q8_K` format whose row dot llama.cpp's x86 build computes in eight float lanes: each
+/// super-block gives eight exact integer lanes, which go into the float lanes with one FMA
+/// by `d_a·d` each, summed at the end as `hsum_float_8` does (`IQ4_XS`, `TQ1_0`, `TQ2_0`).
+pub trait EightLanes: QuantBlock<Act = BlockQ8K> {
+    /// The block's eight integer lanes against `act`.
+    fn lanes(&self, act: &BlockQ8K) -> [i32; 8];
+    /// The block's scale `d`.
+    fn scale(&self) -> f32;
+
+    /// The block's value alone (its eight lanes summed): [`vec_dot_eight_lanes`] defines
+    /// a row's order.
+    fn lanes_value(&self, act: &BlockQ8K) -> f32 {
+        let d = act.d * self.scale();
+        hsum8(&self.lanes(act).map(|l| d * l as f32))
+    }
+}
+
+/// The dot of the first `n_blocks` blocks of an [`EightLanes`] row with a `Q8_K` row.
+pub fn vec_dot_eight_lanes<B: EightLanes>(n_blocks: usize, w: &[u8], act: &[u8]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (wb, ab) in read_blocks::<B>(w).zip(read_blocks::<BlockQ8K>(act)).take(n_blocks) {
+        let d = ab.d * wb.scale();
+        for (acc, lane) in acc.iter_mut().zip(wb.lanes(&ab)) {
+            *acc = d.mul_add(lane as f32, *acc);
+        }
+    }
+    hsum8(&acc)
 }

@@ -133,9 +133,9 @@ pub fn synthetic(name: &str) -> PathBuf {
 }
 
 /// The default model with each matrix (embeddings included) dequantized and quantized
-/// again to the type `pick` gives for its row length, by Blink's reference quantizers, to a
-/// temporary file (the caller removes it).
-pub fn requantized(name: &str, pick: fn(usize) -> GgmlType) -> PathBuf {
+/// again to the type `pick` gives for its name and row length, by Blink's reference
+/// quantizers, to a temporary file (the caller removes it).
+pub fn requantized(name: &str, pick: fn(&str, usize) -> GgmlType) -> PathBuf {
     let src = GgufFile::open(model_path()).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in src.metadata() {
@@ -150,7 +150,7 @@ pub fn requantized(name: &str, pick: fn(usize) -> GgmlType) -> PathBuf {
             continue;
         }
         let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
-        let ty = pick(cols);
+        let ty = pick(&t.name, cols);
         let mut values = vec![0f32; cols * rows];
         blink_kernels::quant::dequantize_row(t.ty, data, &mut values);
         let mut out = vec![0u8; ty.row_bytes((cols * rows) as u64).unwrap() as usize];

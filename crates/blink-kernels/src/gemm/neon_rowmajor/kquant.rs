@@ -1,5 +1,5 @@
-//! The k-quant kernels of [`super`]: `Q2_K`..`Q6_K` and `IQ4_XS` against `Q8_K`
-//! activations.
+//! The k-quant kernels of [`super`]: `Q2_K`..`Q6_K`, `IQ4_XS` and the ternary `TQ1_0`,
+//! `TQ2_0` against `Q8_K` activations.
 //!
 //! Each weight block is unpacked once into its 256 signed quants in element order (the
 //! reference's `quants()`) and its group scales and mins, then reused for a tile of
@@ -59,6 +59,8 @@ struct Q4K;
 struct Q5K;
 struct Q6K;
 struct IQ4XS;
+struct TQ1;
+struct TQ2;
 
 #[inline(always)]
 unsafe fn load(p: *const u8) -> uint8x16_t {
@@ -294,6 +296,103 @@ impl KQuant for IQ4XS {
     }
 }
 
+/// Lanes of unsigned trits against `a` (see `quant::ternary`): lane `k` sums `t·a` over
+/// elements `4k..4k + 4` of every 32-element run, less the run's activation sum
+/// (`bsums[2k] + bsums[2k + 1]`).
+#[inline(always)]
+unsafe fn trit_lanes(q: &[int8x16_t; 16], a: *const u8) -> [i32; 8] {
+    let aq = a.add(ACT_QS);
+    let mut halves = [vdupq_n_s32(0); 2];
+    for (v, &qv) in q.iter().enumerate() {
+        halves[v % 2] = sdot(halves[v % 2], qv, vld1q_s8(aq.add(16 * v) as *const i8));
+    }
+    let mut l = [0i32; 8];
+    vst1q_s32(l.as_mut_ptr(), halves[0]);
+    vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
+    let bsum = |k: usize| (a.add(ACT_BSUMS + 2 * k) as *const i16).read_unaligned() as i32;
+    from_fn(|k| l[k] - bsum(2 * k) - bsum(2 * k + 1))
+}
+
+/// The top trit of each byte, `(b · 3) >> 8`.
+#[inline(always)]
+unsafe fn top_trits(b: uint8x16_t) -> int8x16_t {
+    let three = vdup_n_u8(3);
+    let lo = vshrn_n_u16::<8>(vmull_u8(vget_low_u8(b), three));
+    let hi = vshrn_n_u16::<8>(vmull_high_u8(b, vdupq_n_u8(3)));
+    signed(vcombine_u8(lo, hi))
+}
+
+impl KQuant for TQ2 {
+    const BYTES: usize = 66;
+    const D: usize = 64;
+    const DMIN: Option<usize> = None;
+    const SUB: usize = 32;
+    const LANES: bool = true;
+
+    /// Bits 2l of byte m of run r: element 128r + 32l + m.
+    #[inline(always)]
+    unsafe fn quants(w: *const u8) -> [int8x16_t; 16] {
+        let mut q = [vdupq_n_s8(0); 16];
+        for r in 0..2 {
+            for half in 0..2 {
+                let mut raw = load(w.add(32 * r + 16 * half));
+                for l in 0..4 {
+                    q[8 * r + 2 * l + half] = signed(vandq_u8(raw, vdupq_n_u8(3)));
+                    raw = vshrq_n_u8::<2>(raw);
+                }
+            }
+        }
+        q
+    }
+
+    #[inline(always)]
+    unsafe fn scales(_: *const u8) -> ([i32; 16], [i16; 16]) {
+        ([0; 16], [0; 16])
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(q: &[int8x16_t; 16], _: &[i32; 16], a: *const u8) -> [i32; 8] {
+        trit_lanes(q, a)
+    }
+}
+
+impl KQuant for TQ1 {
+    const BYTES: usize = 54;
+    const D: usize = 52;
+    const DMIN: Option<usize> = None;
+    const SUB: usize = 32;
+    const LANES: bool = true;
+
+    /// Trit n of qs byte m < 32: element 32n + m; of qs byte 32 + m: 160 + 16n + m; of qh
+    /// byte j: 240 + 4n + j.
+    #[inline(always)]
+    unsafe fn quants(w: *const u8) -> [int8x16_t; 16] {
+        const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+        const QH_POW3: [u8; 16] = [1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27];
+        let mut q = [vdupq_n_s8(0); 16];
+        let (lo, hi, tail) = (load(w), load(w.add(16)), load(w.add(32)));
+        for n in 0..5 {
+            let p = vdupq_n_u8(POW3[n]);
+            q[2 * n] = top_trits(vmulq_u8(lo, p));
+            q[2 * n + 1] = top_trits(vmulq_u8(hi, p));
+            q[10 + n] = top_trits(vmulq_u8(tail, p));
+        }
+        let qh = vreinterpretq_u8_u32(vdupq_n_u32((w.add(48) as *const u32).read_unaligned()));
+        q[15] = top_trits(vmulq_u8(qh, vld1q_u8(QH_POW3.as_ptr())));
+        q
+    }
+
+    #[inline(always)]
+    unsafe fn scales(_: *const u8) -> ([i32; 16], [i16; 16]) {
+        ([0; 16], [0; 16])
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(q: &[int8x16_t; 16], _: &[i32; 16], a: *const u8) -> [i32; 8] {
+        trit_lanes(q, a)
+    }
+}
+
 /// The f16 at `p` (any alignment) as f32.
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
@@ -408,6 +507,8 @@ pub(super) unsafe fn gemm(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize
         GgmlType::Q5_K => kquant_gemm::<Q5K>(cols, w, rows, act, act_stride, n_act, grouped, out),
         GgmlType::Q6_K => kquant_gemm::<Q6K>(cols, w, rows, act, act_stride, n_act, grouped, out),
         GgmlType::IQ4_XS => kquant_gemm::<IQ4XS>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::TQ1_0 => kquant_gemm::<TQ1>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::TQ2_0 => kquant_gemm::<TQ2>(cols, w, rows, act, act_stride, n_act, grouped, out),
         _ => return false,
     }
     true
