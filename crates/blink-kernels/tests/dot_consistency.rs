@@ -19,7 +19,7 @@ mod common;
 
 use blink_gguf::GgmlType;
 use blink_kernels::quant::{
-    dequantize_row, quantize_row, quantize_weights, vec_dot_in, Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockTQ1_0, BlockTQ2_0, BlockQ2K,
+    dequantize_row, quantize_row, quantize_weights, vec_dot_in, Block, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockTQ1_0, BlockTQ2_0, BlockQ2K,
     BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
     BlockQ8_0, BlockQ8_1, WeightType,
 };
@@ -69,6 +69,8 @@ fn clear_quants(ty: GgmlType, row: &[u8]) -> Vec<u8> {
         // Every trit 1 (a zero weight).
         TQ1_0 => map_blocks(&mut r, |b: &mut BlockTQ1_0| (b.qs, b.qh) = ([128; 48], [127; 4])),
         TQ2_0 => map_blocks(&mut r, |b: &mut BlockTQ2_0| b.qs = [0x55; 64]),
+        // Grid magnitudes are never zero: the bound takes the weights themselves.
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S => {}
         F32 | F16 | BF16 => {}
     }
     r
@@ -77,6 +79,19 @@ fn clear_quants(ty: GgmlType, row: &[u8]) -> Vec<u8> {
 /// `Σ 2·|w_i·a_i|` over the `IQ4_XS` elements whose table value is negative against an
 /// activation quant of −128 (the sign trick's wrap); 0 for other types.
 fn sign_trick_allowance(ty: GgmlType, w: &[u8], act: &[u8], wf: &[f32], af: &[f32]) -> f64 {
+    use GgmlType::*;
+    if matches!(ty, IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S) {
+        // An element is negative where its weight's sign differs from the block scale's
+        // (`d`, the f16 at each block's start).
+        let bytes = ty.type_size();
+        return (0..wf.len())
+            .filter(|&e| {
+                let d = f16::from_le_bytes([w[e / 256 * bytes], w[e / 256 * bytes + 1]]).to_f32();
+                act[e / 256 * 292 + 4 + e % 256] as i8 == -128 && (wf[e] < 0.0) != (d < 0.0)
+            })
+            .map(|e| 2.0 * (wf[e] as f64 * af[e] as f64).abs())
+            .sum();
+    }
     if ty != GgmlType::IQ4_XS {
         return 0.0;
     }
@@ -151,7 +166,7 @@ fn check_dot(ty: GgmlType, w: &[u8], x: &[f32]) {
     }
 }
 
-const WEIGHT_TYPES: [GgmlType; 20] = GgmlType::ALL;
+const WEIGHT_TYPES: [GgmlType; 25] = GgmlType::ALL;
 
 fn gaussian(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.normal() * scale).collect()
@@ -188,6 +203,11 @@ fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
         IQ4_XS => map_blocks(&mut row, |b: &mut BlockIQ4XS| b.d = h()),
         // Scales 2^-16..2^-4, now and then one of the subnormal two.
         TQ1_0 => map_blocks(&mut row, |b: &mut BlockTQ1_0| b.d = h()),
+        IQ2_XXS => map_blocks(&mut row, |b: &mut BlockIQ2XXS| b.d = h()),
+        IQ2_XS => map_blocks(&mut row, |b: &mut BlockIQ2XS| b.d = h()),
+        IQ2_S => map_blocks(&mut row, |b: &mut BlockIQ2S| b.d = h()),
+        IQ3_XXS => map_blocks(&mut row, |b: &mut BlockIQ3XXS| b.d = h()),
+        IQ3_S => map_blocks(&mut row, |b: &mut BlockIQ3S| b.d = h()),
         TQ2_0 => map_blocks(&mut row, |b: &mut BlockTQ2_0| b.d = h()),
         MXFP4 => map_blocks(&mut row, |b: &mut BlockMXFP4| b.e = if b.e < 8 { b.e % 2 } else { 112 + b.e % 13 }),
         Q8_K => map_blocks(&mut row, |b: &mut BlockQ8K| {

@@ -12,9 +12,9 @@ use proptest::prelude::*;
 const TYPES: [GgmlType; 7] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::MXFP4];
 
 /// Types whose SIMD kernels read the row-major layout.
-const ROW_MAJOR: [GgmlType; 11] = {
+const ROW_MAJOR: [GgmlType; 16] = {
     use GgmlType::*;
-    [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0, TQ2_0, F32, F16, BF16]
+    [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, F32, F16, BF16]
 };
 
 /// A xorshift stream (seeds differing only in bit 0 give the same stream).
@@ -52,6 +52,7 @@ fn random_row_major(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8
         GgmlType::IQ4_XS => (0, None),
         GgmlType::TQ1_0 => (52, None),
         GgmlType::TQ2_0 => (64, None),
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ3_XXS | GgmlType::IQ3_S => (0, None),
         _ => {
             let mut out = vec![0u8; n_bytes];
             quantize_row(ty, &random_values(rows * cols, next()), &mut out);
@@ -167,7 +168,7 @@ proptest! {
     /// k-quants (whole super-blocks) and float rows (any length, so the leftover elements
     /// past the last whole step are covered) over the row-major layout.
     #[test]
-    fn simd_row_major_gemm_equals_scalar(ty_i in 0usize..11, rows in 1usize..27, len in 1usize..300, n_act in 1usize..14, seed in any::<u64>(), accumulate in any::<bool>()) {
+    fn simd_row_major_gemm_equals_scalar(ty_i in 0usize..16, rows in 1usize..27, len in 1usize..300, n_act in 1usize..14, seed in any::<u64>(), accumulate in any::<bool>()) {
         let ty = ROW_MAJOR[ty_i];
         let cols = if ty.block_size() == 256 { 256 * (1 + len % 4) } else { len };
         let w = random_row_major(ty, rows, cols, seed);

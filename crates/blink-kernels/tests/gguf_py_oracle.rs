@@ -12,8 +12,9 @@ use blink_gguf::GgmlType;
 use blink_kernels::quant::{dequantize_row, quantize_row, quantize_weights};
 use common::{ggml_type, row_bytes, Fixture};
 
-const DEQUANT_TYPES: [&str; 17] = [
+const DEQUANT_TYPES: [&str; 22] = [
     "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0",
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
 ];
 
 #[test]

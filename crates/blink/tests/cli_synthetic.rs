@@ -115,6 +115,21 @@ fn tq1_0_and_tq2_0_give_llama_cpps_text_and_perplexity() {
 }
 
 #[test]
+fn iq2_and_iq3_formats_give_llama_cpps_text_and_perplexity() {
+    // The last ten layers' FFN down projections in IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and
+    // IQ3_S, two layers each, Q8_0 elsewhere.
+    let model = requantized("lattice", |name, _| {
+        use GgmlType::*;
+        let layer = name.strip_prefix("blk.").and_then(|s| s.split('.').next()).and_then(|l| l.parse::<usize>().ok());
+        match layer {
+            Some(l) if l >= 20 && name.ends_with("ffn_down.weight") => [IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S][(l - 20) / 2],
+            _ => Q8_0,
+        }
+    });
+    check_against_llama_cpp("lattice", &model);
+}
+
+#[test]
 fn qwen3moe_gives_llama_cpps_text_and_perplexity() {
     gives_llama_cpps_text_and_perplexity("qwen3moe");
 }

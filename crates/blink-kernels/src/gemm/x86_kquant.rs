@@ -1,6 +1,6 @@
 //! AVX2 / AVX-512-VNNI kernels for the k-quants (`Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`),
-//! `IQ4_XS` and the ternary `TQ1_0`, `TQ2_0` against `Q8_K` activations, over row-major
-//! weights.
+//! `IQ4_XS`, the ternary `TQ1_0`, `TQ2_0` and the lattice formats (`IQ2_XXS`, `IQ2_XS`,
+//! `IQ2_S`, `IQ3_XXS`, `IQ3_S`) against `Q8_K` activations, over row-major weights.
 //!
 //! The scalar reference computes, per 256-element super-block, exact integer sums (`isum`
 //! of scale × group dot, and for the formats with mins `summ` from the activation's
@@ -26,6 +26,8 @@ use std::array::from_fn;
 use std::ops::Range;
 
 use blink_gguf::GgmlType;
+
+use crate::quant::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS};
 
 use super::Out;
 
@@ -72,6 +74,8 @@ trait KQuant {
     /// Whether each output keeps its eight `isum` lanes apart in eight float lanes to the
     /// end (`Q6_K`, see `quant::kquants::vec_dot_q6_k`).
     const LANES: bool = false;
+    /// A `LANES` format's final factor (see `quant::rows::EightLanes`).
+    const FINAL: f32 = 1.0;
 
     /// For one weight block against `NA` activation blocks: per activation row, eight
     /// `i32` lanes summing to `isum`, and eight summing to `summ` (zero without mins).
@@ -452,6 +456,49 @@ impl KQuant for TQ1 {
     }
 }
 
+/// A lattice format (see `quant::lattice`): each run decoded by the reference's
+/// [`Lattice::run`], then its magnitudes against the activations with the signs put on
+/// the activations (`(a ^ m) − m`, wrapping at −128 as `sign_epi8`).
+struct Grid<B>(std::marker::PhantomData<B>);
+
+/// Bit `e` of `bits` as 0xff in byte `e`.
+#[inline(always)]
+unsafe fn bit_masks(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+    );
+    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select)
+}
+
+impl<B: crate::quant::Lattice> KQuant for Grid<B> {
+    const BYTES: usize = B::BYTES;
+    const D: usize = 0;
+    const DMIN: Option<usize> = None;
+    const LANES: bool = true;
+    const FINAL: f32 = B::UNIT;
+
+    #[inline(always)]
+    unsafe fn ints<M: Mac, const NA: usize>(w: *const u8, a: &[*const u8; NA]) -> ([__m256i; NA], [__m256i; NA]) {
+        let block = B::read(std::slice::from_raw_parts(w, B::BYTES));
+        let mut acc = [_mm256_setzero_si256(); NA];
+        for r in 0..8 {
+            let run = block.run(r);
+            let g = run.grid;
+            let mags = _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64);
+            let neg = bit_masks(run.negative);
+            let s = _mm256_setr_m128i(_mm_set1_epi16(run.scales[0] as i16), _mm_set1_epi16(run.scales[1] as i16));
+            for j in 0..NA {
+                let q = load(a[j].add(ACT_QS + 32 * r));
+                let signed = _mm256_sub_epi8(_mm256_xor_si256(q, neg), neg);
+                acc[j] = M::mac(acc[j], _mm256_maddubs_epi16(mags, signed), s);
+            }
+        }
+        (acc, [_mm256_setzero_si256(); NA])
+    }
+}
+
 /// Lane `o` of the result is the sum of the eight lanes of `v[o]`.
 #[inline(always)]
 unsafe fn sum_lanes(v: [__m256i; 8]) -> __m256i {
@@ -575,7 +622,7 @@ unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w
         for (r, l) in res.iter_mut().zip(&lanes) {
             let mut v = [0f32; 8];
             _mm256_storeu_ps(v.as_mut_ptr(), *l);
-            *r = crate::quant::reduce::hsum8(&v);
+            *r = K::FINAL * crate::quant::reduce::hsum8(&v);
         }
         return res;
     }
@@ -673,6 +720,11 @@ macro_rules! dispatch {
                 GgmlType::IQ4_XS => gemm::<IQ4XS, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 GgmlType::TQ1_0 => gemm::<TQ1, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 GgmlType::TQ2_0 => gemm::<TQ2, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::IQ2_XXS => gemm::<Grid<BlockIQ2XXS>, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::IQ2_XS => gemm::<Grid<BlockIQ2XS>, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::IQ2_S => gemm::<Grid<BlockIQ2S>, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::IQ3_XXS => gemm::<Grid<BlockIQ3XXS>, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::IQ3_S => gemm::<Grid<BlockIQ3S>, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 _ => return false,
             }
             true

@@ -268,6 +268,57 @@ pub struct BlockTQ2_0 {
     pub d: f16,
 }
 
+/// `IQ2_XXS`: 256 weights in eight 32-element runs; per run two words: four 8-bit indices
+/// into the eight-magnitude grid, then four 7-bit sign codes and a 4-bit scale.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockIQ2XXS {
+    pub d: f16,
+    pub qs: [u8; QK_K / 4],
+}
+
+/// `IQ2_XS`: 256 weights; per 8-element piece a 9-bit grid index and a 7-bit sign code,
+/// per 16 elements a 4-bit scale.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockIQ2XS {
+    pub d: f16,
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; QK_K / 32],
+}
+
+/// `IQ2_S`: 256 weights; per 8-element piece a 10-bit grid index (low bits in `qs`, high in
+/// `qh`) and a whole sign byte (`qs[32..]`), per 16 elements a 4-bit scale.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockIQ2S {
+    pub d: f16,
+    pub qs: [u8; QK_K / 4],
+    pub qh: [u8; QK_K / 32],
+    pub scales: [u8; QK_K / 32],
+}
+
+/// `IQ3_XXS`: 256 weights; per 4-element piece an 8-bit index into the four-magnitude
+/// grid, per 32-element run a word of four 7-bit sign codes and a 4-bit scale.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockIQ3XXS {
+    pub d: f16,
+    pub qs: [u8; 3 * QK_K / 8],
+}
+
+/// `IQ3_S`: 256 weights; per 4-element piece a 9-bit grid index (low bits in `qs`, high in
+/// `qh`), sign bytes per 8 elements, per 32-element run a 4-bit scale.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockIQ3S {
+    pub d: f16,
+    pub qs: [u8; QK_K / 4],
+    pub qh: [u8; QK_K / 32],
+    pub signs: [u8; QK_K / 8],
+    pub scales: [u8; QK_K / 64],
+}
+
 /// `Q8_K`: 256 values `d * q` plus per-16 sums of `q`. The activation format of the k-quants.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -297,6 +348,11 @@ const _: () = assert!(size_of::<BlockIQ4XS>() == 136);
 const _: () = assert!(size_of::<BlockMXFP4>() == 17);
 const _: () = assert!(size_of::<BlockTQ1_0>() == 54);
 const _: () = assert!(size_of::<BlockTQ2_0>() == 66);
+const _: () = assert!(size_of::<BlockIQ2XXS>() == 66);
+const _: () = assert!(size_of::<BlockIQ2XS>() == 74);
+const _: () = assert!(size_of::<BlockIQ2S>() == 82);
+const _: () = assert!(size_of::<BlockIQ3XXS>() == 98);
+const _: () = assert!(size_of::<BlockIQ3S>() == 110);
 
 macro_rules! impl_block {
     ($($ty:ident => $gg:ident, $elems:expr;)*) => {$(
@@ -327,6 +383,11 @@ impl_block! {
     BlockMXFP4 => MXFP4, QK32;
     BlockTQ1_0 => TQ1_0, QK_K;
     BlockTQ2_0 => TQ2_0, QK_K;
+    BlockIQ2XXS => IQ2_XXS, QK_K;
+    BlockIQ2XS => IQ2_XS, QK_K;
+    BlockIQ2S => IQ2_S, QK_K;
+    BlockIQ3XXS => IQ3_XXS, QK_K;
+    BlockIQ3S => IQ3_S, QK_K;
 }
 
 #[cfg(test)]
@@ -359,6 +420,11 @@ mod tests {
         check::<BlockMXFP4>();
         check::<BlockTQ1_0>();
         check::<BlockTQ2_0>();
+        check::<BlockIQ2XXS>();
+        check::<BlockIQ2XS>();
+        check::<BlockIQ2S>();
+        check::<BlockIQ3XXS>();
+        check::<BlockIQ3S>();
     }
 
     #[test]

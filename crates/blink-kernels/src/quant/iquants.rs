@@ -6,10 +6,11 @@
 //! (`iq4_nl_8x8`, as `Q4_0`), whose kernels add each block's exact integer sum times
 //! `d·d_a` with one FMA, in one chain per output: that is this format's only order.
 //! `IQ4_XS` keeps eight integer lanes per super-block (lane `k`: elements `4k..4k+4` of
-//! every group, times the group's scale) in eight float lanes ([`EightLanes`]). Its products are llama.cpp's sign trick, `|v| · sign(a, v)`
-//! in bytes: an activation of −128 against a negative value wraps, so that product comes
-//! out as `128 · v` rather than `−128 · v` ([`signed_product`]). `Q8_K` rows hold a −128
-//! in every block (the element of largest magnitude), so this is part of the definition.
+//! every group, times the group's scale) in eight float lanes ([`EightLanes`]). Its
+//! products are llama.cpp's sign trick, `|v| · sign(a, v)` in bytes: an activation of −128
+//! against a negative value wraps, so that product comes out as `128 · v` rather than
+//! `−128 · v` ([`signed_product`]). `Q8_K` rows hold a −128 in every block (the element of
+//! largest magnitude), so this is part of the definition.
 
 use half::f16;
 
@@ -203,7 +204,7 @@ impl EightLanes for BlockIQ4XS {
 
 /// `|v| · sign(a, v)` with the byte negation wrapping, as `_mm256_sign_epi8` computes it.
 #[inline]
-fn signed_product(v: i8, a: i8) -> i32 {
+pub(super) fn signed_product(v: i8, a: i8) -> i32 {
     let s = if v < 0 { a.wrapping_neg() } else { a };
     v.unsigned_abs() as i32 * s as i32
 }

@@ -20,6 +20,8 @@ mod kquants;
 mod kquants_bits;
 mod kquants_quantize;
 mod kquants_search;
+mod lattice;
+mod grids;
 mod legacy;
 mod mxfp4;
 mod numeric;
@@ -32,11 +34,12 @@ use blink_gguf::GgmlType;
 use crate::order::DotOrder;
 
 pub use blocks::{
-    Block, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockTQ1_0, BlockTQ2_0, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    Block, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS, BlockMXFP4, BlockTQ1_0, BlockTQ2_0, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1,
 };
 pub use iquants::KVALUES_IQ4NL;
 pub use mxfp4::{e8m0_half, KVALUES_MXFP4};
+pub(crate) use lattice::Lattice;
 pub use kquants_bits::{q3_scales, scale_min_k4};
 pub use rows::{DotAcc, QuantBlock};
 
@@ -99,6 +102,11 @@ impl WeightType for GgmlType {
             MXFP4 => act::<BlockMXFP4>(),
             TQ1_0 => act::<BlockTQ1_0>(),
             TQ2_0 => act::<BlockTQ2_0>(),
+            IQ2_XXS => act::<BlockIQ2XXS>(),
+            IQ2_XS => act::<BlockIQ2XS>(),
+            IQ2_S => act::<BlockIQ2S>(),
+            IQ3_XXS => act::<BlockIQ3XXS>(),
+            IQ3_S => act::<BlockIQ3S>(),
         }
     }
 }
@@ -151,6 +159,11 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         MXFP4 => rows::dequantize::<BlockMXFP4>(src, dst),
         TQ1_0 => rows::dequantize::<BlockTQ1_0>(src, dst),
         TQ2_0 => rows::dequantize::<BlockTQ2_0>(src, dst),
+        IQ2_XXS => rows::dequantize::<BlockIQ2XXS>(src, dst),
+        IQ2_XS => rows::dequantize::<BlockIQ2XS>(src, dst),
+        IQ2_S => rows::dequantize::<BlockIQ2S>(src, dst),
+        IQ3_XXS => rows::dequantize::<BlockIQ3XXS>(src, dst),
+        IQ3_S => rows::dequantize::<BlockIQ3S>(src, dst),
     }
 }
 
@@ -201,6 +214,11 @@ fn quantize_ref(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         MXFP4 => rows::quantize_with(src, dst, BlockMXFP4::quantize_ref),
         TQ1_0 => rows::quantize_with(src, dst, BlockTQ1_0::quantize_ref),
         TQ2_0 => rows::quantize_with(src, dst, BlockTQ2_0::quantize_ref),
+        IQ2_XXS => rows::quantize_with(src, dst, BlockIQ2XXS::quantize_ref),
+        IQ2_XS => rows::quantize_with(src, dst, BlockIQ2XS::quantize_ref),
+        IQ2_S => rows::quantize_with(src, dst, BlockIQ2S::quantize_ref),
+        IQ3_XXS => rows::quantize_with(src, dst, BlockIQ3XXS::quantize_ref),
+        IQ3_S => rows::quantize_with(src, dst, BlockIQ3S::quantize_ref),
     }
 }
 
@@ -250,6 +268,11 @@ pub fn vec_dot_in(order: DotOrder, ty: GgmlType, n: usize, w: &[u8], act: &[u8])
         IQ4_XS => rows::vec_dot_eight_lanes::<BlockIQ4XS>(nb, w, act),
         TQ1_0 => rows::vec_dot_eight_lanes::<BlockTQ1_0>(nb, w, act),
         TQ2_0 => rows::vec_dot_eight_lanes::<BlockTQ2_0>(nb, w, act),
+        IQ2_XXS => rows::vec_dot_eight_lanes::<BlockIQ2XXS>(nb, w, act),
+        IQ2_XS => rows::vec_dot_eight_lanes::<BlockIQ2XS>(nb, w, act),
+        IQ2_S => rows::vec_dot_eight_lanes::<BlockIQ2S>(nb, w, act),
+        IQ3_XXS => rows::vec_dot_eight_lanes::<BlockIQ3XXS>(nb, w, act),
+        IQ3_S => rows::vec_dot_eight_lanes::<BlockIQ3S>(nb, w, act),
         MXFP4 => rows::vec_dot::<BlockMXFP4>(order, nb, w, act),
     }
 }
@@ -290,6 +313,11 @@ pub fn accumulate_block(ty: GgmlType, w: &[u8], a: &[u8], acc: &mut DotAcc) {
         MXFP4 => one::<BlockMXFP4>(w, a, acc),
         TQ1_0 => one::<BlockTQ1_0>(w, a, acc),
         TQ2_0 => one::<BlockTQ2_0>(w, a, acc),
+        IQ2_XXS => one::<BlockIQ2XXS>(w, a, acc),
+        IQ2_XS => one::<BlockIQ2XS>(w, a, acc),
+        IQ2_S => one::<BlockIQ2S>(w, a, acc),
+        IQ3_XXS => one::<BlockIQ3XXS>(w, a, acc),
+        IQ3_S => one::<BlockIQ3S>(w, a, acc),
         F32 | F16 | BF16 => panic!("accumulate_block is for block-quantized types, not {ty}"),
     }
 }

@@ -136,18 +136,22 @@ pub fn vec_dot<B: QuantBlock>(order: DotOrder, n_blocks: usize, w: &[u8], act: &
 
 /// A `Q8_K` format whose row dot llama.cpp's x86 build computes in eight float lanes: each
 /// super-block gives eight exact integer lanes, which go into the float lanes with one FMA
-/// by `d_a·d` each, summed at the end as `hsum_float_8` does (`IQ4_XS`, `TQ1_0`, `TQ2_0`).
+/// by `d_a·d` each, summed at the end as `hsum_float_8` does (`IQ4_XS`, `TQ1_0`, `TQ2_0`,
+/// and the IQ2 and IQ3 formats).
 pub trait EightLanes: QuantBlock<Act = BlockQ8K> {
     /// The block's eight integer lanes against `act`.
     fn lanes(&self, act: &BlockQ8K) -> [i32; 8];
     /// The block's scale `d`.
     fn scale(&self) -> f32;
+    /// The factor the lanes' sum is multiplied by at the end (the IQ2 and IQ3 formats
+    /// count their scales in eighths or quarters).
+    const FINAL: f32 = 1.0;
 
     /// The block's value alone (its eight lanes summed): [`vec_dot_eight_lanes`] defines
     /// a row's order.
     fn lanes_value(&self, act: &BlockQ8K) -> f32 {
         let d = act.d * self.scale();
-        hsum8(&self.lanes(act).map(|l| d * l as f32))
+        Self::FINAL * hsum8(&self.lanes(act).map(|l| d * l as f32))
     }
 }
 
@@ -160,5 +164,5 @@ pub fn vec_dot_eight_lanes<B: EightLanes>(n_blocks: usize, w: &[u8], act: &[u8])
             *acc = d.mul_add(lane as f32, *acc);
         }
     }
-    hsum8(&acc)
+    B::FINAL * hsum8(&acc)
 }

@@ -1,5 +1,6 @@
-//! The k-quant kernels of [`super`]: `Q2_K`..`Q6_K`, `IQ4_XS` and the ternary `TQ1_0`,
-//! `TQ2_0` against `Q8_K` activations.
+//! The k-quant kernels of [`super`]: `Q2_K`..`Q6_K`, `IQ4_XS`, the ternary `TQ1_0`,
+//! `TQ2_0` and the lattice formats (`IQ2_XXS`, `IQ2_XS`, `IQ2_S`, `IQ3_XXS`, `IQ3_S`)
+//! against `Q8_K` activations.
 //!
 //! Each weight block is unpacked once into its 256 signed quants in element order (the
 //! reference's `quants()`) and its group scales and mins, then reused for a tile of
@@ -15,7 +16,7 @@ use blink_gguf::GgmlType;
 
 use super::{drive, Out};
 use crate::neon::{sdot, splat_f16};
-use crate::quant::{q3_scales, scale_min_k4};
+use crate::quant::{q3_scales, scale_min_k4, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS};
 
 /// A `Q8_K` block: `d` (f32), 256 quants, 16 `i16` sums of 16 quants each.
 const ACT_BYTES: usize = 292;
@@ -37,6 +38,8 @@ trait KQuant {
     /// Whether each output keeps eight integer lanes apart in eight float lanes to the end
     /// (`Q6_K`, see `quant::kquants::vec_dot_q6_k`).
     const LANES: bool = false;
+    /// A `LANES` format's final factor (see `quant::rows::EightLanes`).
+    const FINAL: f32 = 1.0;
 
     /// The 256 quants in element order, sixteen per vector.
     unsafe fn quants(w: *const u8) -> [int8x16_t; 16];
@@ -393,6 +396,67 @@ impl KQuant for TQ1 {
     }
 }
 
+/// A lattice format (see `quant::lattice`), each run decoded by the reference's
+/// [`Lattice::run`](crate::quant::Lattice::run): quants are the signed magnitudes, scales
+/// one per 16 elements.
+struct Grid<B>(std::marker::PhantomData<B>);
+
+/// Bit `i` of `bits` (16 of them) as 0xff in byte `i`.
+#[inline(always)]
+unsafe fn bit_masks(bits: u32) -> uint8x16_t {
+    const SPREAD: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+    const SELECT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let b = vreinterpretq_u8_u16(vdupq_n_u16(bits as u16));
+    vtstq_u8(vqtbl1q_u8(b, vld1q_u8(SPREAD.as_ptr())), vld1q_u8(SELECT.as_ptr()))
+}
+
+impl<B: crate::quant::Lattice> KQuant for Grid<B> {
+    const BYTES: usize = B::BYTES;
+    const D: usize = 0;
+    const DMIN: Option<usize> = None;
+    const SUB: usize = 16;
+    const LANES: bool = true;
+    const FINAL: f32 = B::UNIT;
+
+    #[inline(always)]
+    unsafe fn quants(w: *const u8) -> [int8x16_t; 16] {
+        let block = B::read(std::slice::from_raw_parts(w, B::BYTES));
+        let mut q = [vdupq_n_s8(0); 16];
+        for r in 0..8 {
+            let run = block.run(r);
+            for h in 0..2 {
+                let mags = vreinterpretq_s8_u8(vcombine_u8(vcreate_u8(run.grid[2 * h]), vcreate_u8(run.grid[2 * h + 1])));
+                let neg = bit_masks(run.negative >> (16 * h));
+                q[2 * r + h] = vbslq_s8(neg, vnegq_s8(mags), mags);
+            }
+        }
+        q
+    }
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> ([i32; 16], [i16; 16]) {
+        let block = B::read(std::slice::from_raw_parts(w, B::BYTES));
+        (from_fn(|v| block.run(v / 2).scales[v % 2]), [0; 16])
+    }
+
+    /// Scalar: lane k sums scale·|q|·a, the activation negated (wrapping) where q < 0.
+    #[inline(always)]
+    unsafe fn lanes(q: &[int8x16_t; 16], sc: &[i32; 16], a: *const u8) -> [i32; 8] {
+        let aq = a.add(ACT_QS);
+        let mut halves = [vdupq_n_s32(0); 2];
+        for (v, &qv) in q.iter().enumerate() {
+            let av = vld1q_s8(aq.add(16 * v) as *const i8);
+            let signed = vbslq_s8(vcltzq_s8(qv), vnegq_s8(av), av);
+            let dot = sdot(vdupq_n_s32(0), vabsq_s8(qv), signed);
+            halves[v % 2] = vmlaq_n_s32(halves[v % 2], dot, sc[v]);
+        }
+        let mut l = [0i32; 8];
+        vst1q_s32(l.as_mut_ptr(), halves[0]);
+        vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
+        l
+    }
+}
+
 /// The f16 at `p` (any alignment) as f32.
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
@@ -479,7 +543,7 @@ unsafe fn kquant_tile<K: KQuant, const NR: usize, const NA: usize>(nb: usize, w:
     }
     if K::LANES {
         for (s, l) in sums.iter_mut().flatten().zip(lanes8.iter().flatten()) {
-            *s = crate::quant::reduce::hsum8(l);
+            *s = K::FINAL * crate::quant::reduce::hsum8(l);
         }
     }
     sums
@@ -509,6 +573,11 @@ pub(super) unsafe fn gemm(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize
         GgmlType::IQ4_XS => kquant_gemm::<IQ4XS>(cols, w, rows, act, act_stride, n_act, grouped, out),
         GgmlType::TQ1_0 => kquant_gemm::<TQ1>(cols, w, rows, act, act_stride, n_act, grouped, out),
         GgmlType::TQ2_0 => kquant_gemm::<TQ2>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::IQ2_XXS => kquant_gemm::<Grid<BlockIQ2XXS>>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::IQ2_XS => kquant_gemm::<Grid<BlockIQ2XS>>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::IQ2_S => kquant_gemm::<Grid<BlockIQ2S>>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::IQ3_XXS => kquant_gemm::<Grid<BlockIQ3XXS>>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        GgmlType::IQ3_S => kquant_gemm::<Grid<BlockIQ3S>>(cols, w, rows, act, act_stride, n_act, grouped, out),
         _ => return false,
     }
     true
