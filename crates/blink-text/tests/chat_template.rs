@@ -288,3 +288,36 @@ fn tojson_takes_json_dumps_arguments() {
     assert!(render("{{ [1] | tojson(separators=(',',)) }}").is_err());
     assert!(render("{{ [1] | tojson(bogus=1) }}").is_err());
 }
+
+/// Today's date as `strftime(format)`, by Blink's own `strftime_now` (tested against known
+/// dates in the crate's unit tests).
+fn today(format: &str) -> String {
+    ChatTemplate::new(&format!("{{{{ strftime_now('{format}') }}}}"), "", "").unwrap().render(&[], false).unwrap()
+}
+
+#[test]
+fn family_templates_render_as_llama_cpps_server_renders_them() {
+    // The vendors' templates of Gemma 2, Phi-3.5, SmolLM3, Granite 3.3, Qwen3 (as
+    // Qwen3-MoE) and Mistral Nemo, rendered by llama-server's /apply-template with the
+    // default model's special tokens (scripts/llamacpp_ref/make_chat_golden.py).
+    let path = golden_dir().join("chat-templates.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("golden file")).expect("JSON");
+    let (bos, eos) = (golden["bos_token"].as_str().unwrap(), golden["eos_token"].as_str().unwrap());
+    // Granite writes today's date when no system message is given: the golden's day, as
+    // the template formats it, becomes today's.
+    let rendered_on: Vec<u32> = golden["rendered_on"].as_str().unwrap().split('-').map(|p| p.parse().unwrap()).collect();
+    let months = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    let then = format!("{} {:02}, {}", months[rendered_on[1] as usize - 1], rendered_on[2], rendered_on[0]);
+    let families = golden["families"].as_array().unwrap();
+    assert_eq!(families.len(), 6);
+    for family in families {
+        let name = family["family"].as_str().unwrap();
+        let tmpl = ChatTemplate::new(family["template"].as_str().unwrap(), bos, eos).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for case in family["cases"].as_array().unwrap() {
+            let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+            let want = case["prompt"].as_str().unwrap().replace(&then, &today("%B %d, %Y"));
+            let got = tmpl.render(&messages, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(got, want, "{name}: {messages:?}");
+        }
+    }
+}
