@@ -292,7 +292,7 @@ fn tojson_takes_json_dumps_arguments() {
 /// Today's date as `strftime(format)`, by Blink's own `strftime_now` (tested against known
 /// dates in the crate's unit tests).
 fn today(format: &str) -> String {
-    ChatTemplate::new(&format!("{{{{ strftime_now('{format}') }}}}"), "", "").unwrap().render(&[], false).unwrap()
+    ChatTemplate::new(format!("{{{{ strftime_now('{format}') }}}}"), "", "").unwrap().render(&[], false).unwrap()
 }
 
 #[test]
