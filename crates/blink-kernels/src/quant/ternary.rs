@@ -125,16 +125,6 @@ impl QuantBlock for BlockTQ1_0 {
     }
 }
 
-impl EightLanes for BlockTQ1_0 {
-    fn lanes(&self, act: &BlockQ8K) -> [i32; 8] {
-        lanes_of(&self.trits(), act)
-    }
-
-    fn scale(&self) -> f32 {
-        self.d.to_f32()
-    }
-}
-
 impl BlockTQ2_0 {
     /// The 256 2-bit values in element order: bits `2l` of byte `m` of run `j` hold element
     /// `128j + 32l + m`.
@@ -167,15 +157,22 @@ impl QuantBlock for BlockTQ2_0 {
     }
 }
 
-impl EightLanes for BlockTQ2_0 {
-    fn lanes(&self, act: &BlockQ8K) -> [i32; 8] {
-        lanes_of(&self.trits(), act)
-    }
+/// What both ternary formats share: their dot is [`EightLanes`] over their trits.
+macro_rules! trit_lanes {
+    ($($t:ty),*) => {$(
+        impl EightLanes for $t {
+            fn lanes(&self, act: &BlockQ8K) -> [i32; 8] {
+                lanes_of(&self.trits(), act)
+            }
 
-    fn scale(&self) -> f32 {
-        self.d.to_f32()
-    }
+            fn scale(&self) -> f32 {
+                self.d.to_f32()
+            }
+        }
+    )*};
 }
+
+trit_lanes!(BlockTQ1_0, BlockTQ2_0);
 
 #[cfg(test)]
 mod tests {
