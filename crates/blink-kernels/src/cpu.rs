@@ -122,6 +122,81 @@ pub fn active() -> Isa {
     })
 }
 
+/// The SIMD features this CPU reports that some kernel path uses (x86: AVX2, FMA, F16C,
+/// AVX-512 F/BW/VL/VNNI, AVX-VNNI; AArch64: NEON, dotprod, i8mm, fp16).
+pub fn features() -> Vec<&'static str> {
+    let mut found = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => {$(
+                if is_x86_feature_detected!($f) {
+                    found.push($f);
+                }
+            )*};
+        }
+        probe!("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni");
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => {$(
+                if std::arch::is_aarch64_feature_detected!($f) {
+                    found.push($f);
+                }
+            )*};
+        }
+        probe!("neon", "dotprod", "i8mm", "fp16");
+    }
+    found
+}
+
+/// One CPU cache as Linux describes it for CPU 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cache {
+    pub level: u32,
+    /// `Data`, `Instruction` or `Unified`.
+    pub kind: String,
+    pub bytes: u64,
+    /// CPUs that share it.
+    pub shared_by: usize,
+}
+
+/// CPU 0's caches from `/sys/devices/system/cpu/cpu0/cache` (empty where that is
+/// missing, as off Linux).
+pub fn caches() -> Vec<Cache> {
+    let root = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let read = |dir: &std::path::Path, name: &str| std::fs::read_to_string(dir.join(name)).ok().map(|s| s.trim().to_string());
+    let mut out = Vec::new();
+    for i in 0.. {
+        let dir = root.join(format!("index{i}"));
+        let (Some(level), Some(kind), Some(size)) = (read(&dir, "level"), read(&dir, "type"), read(&dir, "size")) else { break };
+        let bytes = match size.strip_suffix('K').or_else(|| size.strip_suffix("KB")) {
+            Some(k) => k.parse::<u64>().ok().map(|k| k << 10),
+            None => match size.strip_suffix('M').or_else(|| size.strip_suffix("MB")) {
+                Some(m) => m.parse::<u64>().ok().map(|m| m << 20),
+                None => size.parse().ok(),
+            },
+        };
+        let shared_by = read(&dir, "shared_cpu_list").map_or(1, |list| cpu_count(&list));
+        if let (Ok(level), Some(bytes)) = (level.parse(), bytes) {
+            out.push(Cache { level, kind, bytes, shared_by });
+        }
+    }
+    out
+}
+
+/// CPUs in a Linux CPU list (`0-3,8,10-11`).
+fn cpu_count(list: &str) -> usize {
+    list.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('-') {
+            Some((a, b)) => b.trim().parse::<usize>().unwrap_or(0).saturating_sub(a.trim().parse().unwrap_or(0)) + 1,
+            None => 1,
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +209,23 @@ mod tests {
         assert!(Isa::Scalar.supported());
         assert!(Isa::best().supported());
         assert_eq!(Isa::parse("sse9"), None);
+    }
+
+    #[test]
+    fn cpu_lists_count() {
+        assert_eq!(cpu_count("0"), 1);
+        assert_eq!(cpu_count("0-3,8,10-11"), 7);
+        assert_eq!(cpu_count(""), 0);
+    }
+
+    #[test]
+    fn the_best_path_has_its_features() {
+        let f = features();
+        match Isa::best() {
+            Isa::Avx512Vnni => assert!(["avx2", "fma", "f16c", "avx512vnni"].iter().all(|x| f.contains(x)), "{f:?}"),
+            Isa::Avx2 => assert!(["avx2", "fma", "f16c"].iter().all(|x| f.contains(x)), "{f:?}"),
+            Isa::Neon => assert!(f.contains(&"dotprod"), "{f:?}"),
+            Isa::Scalar => {}
+        }
     }
 }

@@ -104,9 +104,14 @@ fn info_describes_the_model() {
     let out = blink(&["info", "-m", model.to_str().unwrap()]);
     ok(&out);
     let text = stdout(&out);
-    for needle in ["architecture:    llama", "layers:          30", "Q4_1", "gpt2", "smollm", "heads:           9 query, 3 key/value"] {
+    for needle in ["architecture:    llama", "layers:          30", "Q4_1", "gpt2", "smollm", "heads:           9 query, 3 key/value", "cpu features:", "routes:          Q4_1: ", "Q8_0: "] {
         assert!(text.contains(needle), "info lacks {needle:?}:\n{text}");
     }
+    // The routes of another path and order.
+    let out = blink(&["info", "-m", model.to_str().unwrap(), "--kernel", "scalar", "--dot-order", "block"]);
+    ok(&out);
+    let text = stdout(&out);
+    assert!(text.contains("kernel path:     scalar") && text.contains("dot order:       block") && text.contains("Q4_1: scalar reference"), "{text}");
 }
 
 #[test]

@@ -281,3 +281,45 @@ unsafe fn scalar_packed(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<us
         }
     }
 }
+
+/// How `isa`'s kernels multiply a `ty` matrix in `order`, in words (for `blink info`).
+pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
+    use GgmlType::*;
+    if isa == Isa::Scalar {
+        return "scalar reference".into();
+    }
+    let ints = match isa {
+        Isa::Avx512Vnni => "vpdpbusd",
+        Isa::Avx2 => "vpmaddubsw + vpmaddwd",
+        _ => "sdot",
+    };
+    match ty {
+        F32 | F16 | BF16 => "row-major, f32 FMA in ggml's order".into(),
+        _ if Fields::of(ty).is_some() => {
+            let layout = if isa == Isa::Neon { "repacked 8-row groups" } else { "8-row groups (repacked, or packed on the fly from a mapped window)" };
+            let order = match ty {
+                Q4_0 | IQ4_NL | MXFP4 => "block order (llama.cpp's repacked kernel)",
+                _ if order == DotOrder::Llama => "llama.cpp's lane order",
+                _ => "block order",
+            };
+            format!("{layout}, {ints}, {order}")
+        }
+        IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S => {
+            let batch = if isa == Isa::Neon { "" } else { "; batches of 8+ rows decode each block once" };
+            format!("row-major lattice runs, {}, eight float lanes{batch}", if isa == Isa::Neon { "sdot" } else { "vpmaddubsw + signed activations" })
+        }
+        _ => {
+            let sums = match ty {
+                Q4_K => "two FMA chains (llama.cpp's repacked order)",
+                Q6_K | IQ4_XS | TQ1_0 | TQ2_0 => "eight float lanes",
+                _ => "block values summed",
+            };
+            let ints = match isa {
+                Isa::Avx512Vnni => "vpmaddubsw + vpdpwssd",
+                Isa::Avx2 => "vpmaddubsw + vpmaddwd",
+                _ => "sdot",
+            };
+            format!("row-major super-blocks, {ints}, {sums}")
+        }
+    }
+}

@@ -16,6 +16,9 @@ pub struct Args {
     /// Also describe these adapters as placed on the model: rank, targets and memory.
     #[command(flatten)]
     lora: crate::lora_args::LoraArgs,
+    /// The kernel path and dot order whose routes to print.
+    #[command(flatten)]
+    kernel: crate::common::KernelArgs,
 }
 
 /// llama.cpp's names for `general.file_type`.
@@ -51,6 +54,7 @@ pub fn file_type_of(model: &blink_model::Model) -> String {
 }
 
 pub fn main(args: Args) -> CliResult {
+    args.kernel.apply()?;
     let path = args.model.path()?;
     let loaded = load_model(&args.model, None)?;
     let m = &loaded.model;
@@ -144,8 +148,26 @@ pub fn main(args: Args) -> CliResult {
         tok.add_eos()
     )?;
     outln!("chat template:   {}", if loaded.template.is_some() { "yes" } else { "none (chat uses ChatML, run completes the prompt as is)" })?;
-    outln!("kernel path:     {} (best on this CPU: {})", blink_kernels::cpu::active(), blink_kernels::cpu::Isa::best())?;
-    outln!("dot order:       {}", blink_kernels::order::active())?;
+    let features = blink_kernels::cpu::features();
+    outln!("cpu features:    {}", if features.is_empty() { "none the kernels use".to_string() } else { features.join(" ") })?;
+    let caches: Vec<String> = blink_kernels::cpu::caches()
+        .iter()
+        .filter(|c| c.kind != "Instruction")
+        .map(|c| format!("L{}{} {} KiB (shared by {})", c.level, if c.kind == "Data" { "d" } else { "" }, c.bytes >> 10, c.shared_by))
+        .collect();
+    if !caches.is_empty() {
+        outln!("caches:          {}", caches.join(", "))?;
+    }
+    let (isa, order) = (blink_kernels::cpu::active(), blink_kernels::order::active());
+    outln!("kernel path:     {isa} (best on this CPU: {})", blink_kernels::cpu::Isa::best())?;
+    outln!("dot order:       {order}")?;
+    let mut matrix_types: Vec<_> = file.tensors().iter().filter(|t| t.dims.len() >= 2).map(|t| t.ty).collect();
+    matrix_types.sort_by_key(|t| t.id());
+    matrix_types.dedup();
+    for (i, ty) in matrix_types.iter().enumerate() {
+        let head = if i == 0 { "routes:" } else { "" };
+        outln!("{head:<17}{ty}: {}", blink_kernels::gemm::route(isa, order, *ty))?;
+    }
     let topology = blink_runtime::numa::Topology::detect();
     outln!("numa topology:   {} node(s)", topology.n_nodes())?;
     for line in topology.to_string().lines() {
