@@ -1,7 +1,7 @@
 //! `blink` on Gemma 3 270M (Q4_K_M, the PyPI file) against llama.cpp's outputs for it
 //! (testdata/golden/gemma-3-270m-q4_k_m.json): tokenization, greedy text up to the first
 //! near-tie (a 700-token prompt among them, past the local layers' window), perplexity
-//! within 1%; and the same text from tensor parallelism over two simulated NUMA nodes and
+//! within 1% of llama.cpp's default run and equal to its run at a micro-batch of 4; and the same text from tensor parallelism over two simulated NUMA nodes and
 //! from the server with requests batched together.
 
 mod support;
@@ -75,6 +75,11 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
     let want = case["ppl"].as_f64().unwrap();
     eprintln!("gemma 3 perplexity: blink {ppl:.4}, llama.cpp {want:.4}");
     assert!((ppl - want).abs() / want < 0.01, "PPL {ppl} vs llama.cpp {want}");
+}
+
+#[test]
+fn perplexity_equals_llama_cpps_at_a_micro_batch_of_4() {
+    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf");
 }
 
 #[test]

@@ -87,6 +87,11 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
     assert!(rel < 0.01, "PPL {ppl} vs llama.cpp {want}");
 }
 
+#[test]
+fn perplexity_equals_llama_cpps_at_a_micro_batch_of_32() {
+    perplexity_equals_llama_cpps_at_its_ubatch(&model_path(), "SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
 /// The block dot order gives up llama.cpp's bits, not its quality.
 #[test]
 fn block_dot_order_perplexity_is_within_one_percent_of_llama_cpp() {
