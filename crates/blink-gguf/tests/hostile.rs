@@ -428,7 +428,7 @@ fn row_length_must_be_whole_blocks() {
 
 #[test]
 fn unknown_tensor_types() {
-    for id in [4u32, 5, 16, 42, u32::MAX] {
+    for id in [4u32, 5, 19, 42, u32::MAX] {
         let e = expect_err(one_tensor(&[32], id, 0, 128));
         assert!(matches!(e, GgufError::UnsupportedTensorType { .. }));
         assert_eq!(

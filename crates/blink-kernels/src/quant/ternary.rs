@@ -40,10 +40,11 @@ fn trit_byte(trits: impl Iterator<Item = u8>, count: usize) -> u8 {
     (q * 256).div_ceil(243) as u8
 }
 
-/// A weight's trit: `round(x / d) + 1` (ties away from zero, as `lroundf`).
+/// A weight's trit: `round(x / d) + 1` (ties away from zero, as `lroundf`). `|x / d| ≤ 1`
+/// for finite rows; the clamp keeps non-finite ones (unchecked activations) in range.
 #[inline]
 fn to_trit(x: f32, id: f32) -> u8 {
-    ((x * id).round() as i32 + 1) as u8
+    ((x * id).round().clamp(-1.0, 1.0) as i32 + 1) as u8
 }
 
 /// The largest magnitude of a super-block (its scale) and its inverse.
