@@ -103,7 +103,7 @@ pub enum GgufError {
     BadAlignment { problem: String },
 
     /// A tensor declares a ggml type id that is unknown or unsupported.
-    #[error("unsupported tensor type id {id} for tensor {}", Quoted(.name))]
+    #[error("unsupported tensor type {} for tensor {}", crate::types::describe_unsupported(*.id), Quoted(.name))]
     UnsupportedTensorType { name: String, id: u32 },
 
     /// A tensor's shape, offset or extent is invalid.

@@ -197,6 +197,29 @@ impl GgmlType {
     }
 }
 
+/// An unsupported type id as a message names it: ggml's name for the ids it has given one
+/// (`IQ1_S (id 19)`), else the bare id.
+pub fn describe_unsupported(id: u32) -> String {
+    let name = match id {
+        4 => "Q4_2 (removed from ggml)",
+        5 => "Q4_3 (removed from ggml)",
+        19 => "IQ1_S",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        31..=33 => "Q4_0 interleaved (removed from GGUF files)",
+        36..=38 => "IQ4_NL interleaved (removed from GGUF files)",
+        40 => "NVFP4",
+        41 => "Q1_0",
+        42 => "Q2_0",
+        _ => return format!("id {id}"),
+    };
+    format!("{name} (id {id})")
+}
+
 impl fmt::Display for GgmlType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -422,5 +422,5 @@ fn hand_built_corruption_of_writer_output_is_caught() {
     // Type id 4 was removed from ggml.
     let mut bad = bytes;
     bad[type_at..type_at + 4].copy_from_slice(&4u32.to_le_bytes());
-    expect_msg(bad, &["unsupported tensor type id 4 for tensor 'b'"]);
+    expect_msg(bad, &["unsupported tensor type Q4_2 (removed from ggml) (id 4) for tensor 'b'"]);
 }
