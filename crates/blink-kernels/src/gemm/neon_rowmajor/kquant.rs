@@ -256,6 +256,25 @@ impl KQuant for Q6K {
     }
 }
 
+/// Eight lanes of signed quants against `a` with x86's sign trick: lane `k` sums
+/// `scale(v)·|q|·a` over elements `4k..4k + 4` of every 32-element run, the activation
+/// negated (wrapping at −128) where `q < 0`; `scale(v)` is vector `v`'s (16 elements).
+#[inline(always)]
+unsafe fn sign_trick_lanes(q: &[int8x16_t; 16], a: *const u8, scale: impl Fn(usize) -> i32) -> [i32; 8] {
+    let aq = a.add(ACT_QS);
+    let mut halves = [vdupq_n_s32(0); 2];
+    for (v, &qv) in q.iter().enumerate() {
+        let av = vld1q_s8(aq.add(16 * v) as *const i8);
+        let signed = vbslq_s8(vcltzq_s8(qv), vnegq_s8(av), av);
+        let dot = sdot(vdupq_n_s32(0), vabsq_s8(qv), signed);
+        halves[v % 2] = vmlaq_n_s32(halves[v % 2], dot, scale(v));
+    }
+    let mut l = [0i32; 8];
+    vst1q_s32(l.as_mut_ptr(), halves[0]);
+    vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
+    l
+}
+
 impl KQuant for IQ4XS {
     const BYTES: usize = 136;
     const D: usize = 0;
@@ -284,18 +303,7 @@ impl KQuant for IQ4XS {
     /// trick) over elements 4k..4k + 4 of every group.
     #[inline(always)]
     unsafe fn lanes(q: &[int8x16_t; 16], sc: &[i32; 16], a: *const u8) -> [i32; 8] {
-        let aq = a.add(ACT_QS);
-        let mut halves = [vdupq_n_s32(0); 2];
-        for (v, &qv) in q.iter().enumerate() {
-            let av = vld1q_s8(aq.add(16 * v) as *const i8);
-            let signed = vbslq_s8(vcltzq_s8(qv), vnegq_s8(av), av);
-            let dot = sdot(vdupq_n_s32(0), vabsq_s8(qv), signed);
-            halves[v % 2] = vmlaq_n_s32(halves[v % 2], dot, sc[v / 2]);
-        }
-        let mut l = [0i32; 8];
-        vst1q_s32(l.as_mut_ptr(), halves[0]);
-        vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
-        l
+        sign_trick_lanes(q, a, |v| sc[v / 2])
     }
 }
 
@@ -442,18 +450,7 @@ impl<B: crate::quant::Lattice> KQuant for Grid<B> {
     /// Scalar: lane k sums scale·|q|·a, the activation negated (wrapping) where q < 0.
     #[inline(always)]
     unsafe fn lanes(q: &[int8x16_t; 16], sc: &[i32; 16], a: *const u8) -> [i32; 8] {
-        let aq = a.add(ACT_QS);
-        let mut halves = [vdupq_n_s32(0); 2];
-        for (v, &qv) in q.iter().enumerate() {
-            let av = vld1q_s8(aq.add(16 * v) as *const i8);
-            let signed = vbslq_s8(vcltzq_s8(qv), vnegq_s8(av), av);
-            let dot = sdot(vdupq_n_s32(0), vabsq_s8(qv), signed);
-            halves[v % 2] = vmlaq_n_s32(halves[v % 2], dot, sc[v]);
-        }
-        let mut l = [0i32; 8];
-        vst1q_s32(l.as_mut_ptr(), halves[0]);
-        vst1q_s32(l.as_mut_ptr().add(4), halves[1]);
-        l
+        sign_trick_lanes(q, a, |v| sc[v])
     }
 }
 
