@@ -54,7 +54,10 @@ impl Window {
         match *op {
             CacheOp::Truncate { seq, len } => match self.seqs.get(&seq) {
                 Some(l) if l.mirrored => kv.mirror_len(l.id, len as usize).map_err(at(seq))?,
-                Some(l) => kv.truncate(l.id, len as usize).map_err(at(seq))?,
+                // A window's cache keeps every position, so it keeps `len`.
+                Some(l) => {
+                    kv.truncate(l.id, len as usize).map_err(at(seq))?;
+                }
                 None => {}
             },
             CacheOp::Release { seq } => match self.seqs.remove(&seq) {

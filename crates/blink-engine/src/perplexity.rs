@@ -33,6 +33,8 @@ pub struct PerplexityConfig {
     pub n_batch: usize,
     pub n_threads: usize,
     pub kv_type: KvType,
+    /// Keep every position of the sliding-window layers (the figures do not change).
+    pub swa_full: bool,
     /// Evaluate at most this many chunks (`None`: all).
     pub max_chunks: Option<usize>,
     /// The BOS token, for a model that adds one: it replaces each chunk's first token.
@@ -70,7 +72,7 @@ pub fn perplexity(
     let ctx = cfg.ctx;
     let n_batch = cfg.n_batch.clamp(1, ctx);
     let first = ctx / 2;
-    let runner_cfg = RunnerConfig { threads: cfg.n_threads, kv_tokens: ctx, kv_type: cfg.kv_type, max_rows: n_batch, max_logit_rows: n_batch, max_ctx: ctx, detached: false };
+    let runner_cfg = RunnerConfig { threads: cfg.n_threads, kv_tokens: ctx, kv_type: cfg.kv_type, max_rows: n_batch, max_logit_rows: n_batch, max_ctx: ctx, swa_full: cfg.swa_full, detached: false };
     let mut runner = Runner::new(model, &runner_cfg)?;
     let mut rows = Vec::with_capacity(n_batch);
     let adapters: Vec<Arc<LoraMix>> = cfg.adapter.iter().filter(|m| !m.is_empty()).cloned().collect();

@@ -18,8 +18,9 @@ use crate::EngineError;
 pub trait Steps {
     /// A new, empty sequence with `tokens` tokens of room.
     fn new_seq(&mut self, tokens: usize) -> Result<SeqId, EngineError>;
-    /// Keep the first `len` tokens of `seq`.
-    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError>;
+    /// Keep the first `len` tokens of `seq`; returns how many were kept: `len`, or 0 where
+    /// a sliding-window layer already gave back part of the window before `len`.
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<usize, EngineError>;
     /// Run `rows` through the whole model, the rows' adapter slots indexing `adapters`.
     fn run_with(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<(), EngineError>;
     /// Logits of the `i`-th row of the last step that asked for them.
@@ -35,7 +36,7 @@ impl<M: Deref<Target = Model>> Steps for Runner<M> {
         Ok(seq)
     }
 
-    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<usize, EngineError> {
         Ok(self.kv.truncate(seq, len)?)
     }
 
@@ -61,6 +62,9 @@ pub struct RunnerConfig {
     pub max_logit_rows: usize,
     /// Positions stay below this.
     pub max_ctx: usize,
+    /// Keep every position of the sliding-window layers, as llama.cpp's `--swa-full` does
+    /// (otherwise blocks a whole window back give their pages there back to the OS).
+    pub swa_full: bool,
     /// Give the pool threads of its own only, so the caller works beside each step
     /// ([`Runner::run_beside`] overlaps); otherwise the caller is one of the threads.
     pub detached: bool,
@@ -89,7 +93,8 @@ impl<M: Deref<Target = Model>> Runner<M> {
     /// machine cannot hold is an error naming it.
     pub fn new(model: M, cfg: &RunnerConfig) -> Result<Runner<M>, EngineError> {
         let threads = cfg.threads.max(1);
-        let kv = model.try_new_kv_cache(cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("a KV cache", cfg.kv_tokens))?;
+        let mut kv = model.try_new_kv_cache(cfg.kv_tokens.max(1), cfg.kv_type).map_err(EngineError::no_memory("a KV cache", cfg.kv_tokens))?;
+        kv.release_slid_out(!cfg.swa_full);
         let scratch = Scratch::try_new(&model, cfg.max_rows, cfg.max_logit_rows, cfg.max_ctx.max(1), threads)
             .map_err(EngineError::no_memory("step buffers", cfg.max_rows))?;
         let pool = if cfg.detached { model.detached_pool(threads) } else { model.pool(threads) }.map_err(EngineError::Threads)?;
@@ -127,9 +132,10 @@ impl<M: Deref<Target = Model>> Runner<M> {
         self.run_with(rows, &[])
     }
 
-    /// As `run`, the rows' adapter slots indexing `adapters`.
+    /// As `run`, the rows' adapter slots indexing `adapters`. Beside the pass, memory the
+    /// cache no longer needs goes back to the OS once a batch of it is due.
     pub fn run_with(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<(), EngineError> {
-        self.run_beside(rows, adapters, |_| ()).map(|_| ())
+        self.run_beside(rows, adapters, KvBlocks::return_free_memory_if_due).map(|_| ())
     }
 
     /// As `run_with`, with `beside` on the calling thread meanwhile, given the cache's

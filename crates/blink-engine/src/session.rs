@@ -25,6 +25,9 @@ pub struct SessionConfig {
     /// Most prompt tokens evaluated per step.
     pub n_batch: usize,
     pub kv_type: KvType,
+    /// Keep every position of the sliding-window layers, as llama.cpp's `--swa-full` does
+    /// (otherwise blocks a whole window back give their pages there back to the OS).
+    pub swa_full: bool,
 }
 
 /// What to generate.
@@ -102,6 +105,7 @@ impl<'m> Session<Runner<&'m Model>> {
             max_rows: n_batch,
             max_logit_rows: 1,
             max_ctx: n_ctx,
+            swa_full: cfg.swa_full,
             detached: false,
         };
         // The one sequence owns the whole cache.
@@ -169,8 +173,7 @@ impl<S: Steps> Session<S> {
         }
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         // The last prompt token is always evaluated, to produce fresh logits.
-        let keep = common.min(prompt.len() - 1);
-        self.runner.truncate(self.seq, keep)?;
+        let keep = self.runner.truncate(self.seq, common.min(prompt.len() - 1))?;
         self.tokens.truncate(keep);
         let rest = &prompt[keep..];
         for chunk in rest.chunks(self.n_batch) {

@@ -21,7 +21,7 @@ fn greedy_ids_match_llama_cpp() {
     let path = blink_model::fetch::ensure_default_model().unwrap();
     let model = Model::load(&path).unwrap();
     let tok = Tokenizer::from_gguf(model.file()).unwrap();
-    let cfg = SessionConfig { n_ctx: 256, n_threads: 2, n_batch: 64, kv_type: KvType::F16 };
+    let cfg = SessionConfig { n_ctx: 256, n_threads: 2, n_batch: 64, kv_type: KvType::F16, swa_full: false };
     let mut report = Vec::new();
     for case in golden()["greedy"].as_array().unwrap() {
         let prompt = ids(&case["prompt_ids"]);

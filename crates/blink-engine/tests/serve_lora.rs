@@ -40,7 +40,7 @@ fn with_adapter(prompt: Vec<u32>, max_tokens: usize, adapter: &Option<Arc<LoraMi
 
 /// The greedy tokens of `prompt` under `adapter` in a single-sequence session.
 fn alone(model: &Model, tok: &Tokenizer, prompt: &[u32], adapter: &Option<Arc<LoraMix>>) -> Vec<u32> {
-    let mut s = Session::new(model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 }).unwrap();
+    let mut s = Session::new(model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16, swa_full: false }).unwrap();
     s.set_adapter(adapter.clone()).unwrap();
     let params = GenerateParams { max_tokens: Some(MAX_TOKENS), sampling: SamplingParams::greedy(), ..Default::default() };
     s.generate(tok, prompt, &params, &mut |_| {}).unwrap().tokens

@@ -185,8 +185,14 @@ impl Model {
     }
 
     /// As `new_kv_cache`, reporting a failure to map or bind node memory.
+    /// Its sliding-window layers give back the memory of blocks past every window (a
+    /// window's cache, a ring device's, keeps them: see [`KvCache::with_sliding_window`]).
     pub fn try_new_kv_cache(&self, tokens: usize, ty: KvType) -> Result<KvCache, ModelError> {
-        self.try_new_kv_cache_for(0..self.cfg.n_layers, tokens, ty)
+        let kv = self.try_new_kv_cache_for(0..self.cfg.n_layers, tokens, ty)?;
+        Ok(match &self.cfg.sliding {
+            Some(s) => kv.with_sliding_window(s.window, |layer| self.cfg.is_local(layer)),
+            None => kv,
+        })
     }
 
     /// A KV cache of `tokens` tokens holding only model layers `layers` (a window), split

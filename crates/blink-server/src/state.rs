@@ -98,6 +98,8 @@ pub struct ModelOptions {
     /// Prompt tokens evaluated per engine step.
     pub step_tokens: usize,
     pub kv_type: KvType,
+    /// Keep every position of the sliding-window layers (see `EngineConfig::swa_full`).
+    pub swa_full: bool,
     pub prefix_cache: bool,
     /// Most tokens the prefix cache keeps in blocks no request owns (default: a quarter of
     /// the KV budget).
@@ -146,6 +148,7 @@ impl ModelOptions {
             queue: 64,
             step_tokens: 256,
             kv_type: KvType::F16,
+            swa_full: false,
             prefix_cache: true,
             prefix_cache_tokens: None,
             max_loras: 8,
@@ -232,6 +235,7 @@ impl Ready {
             max_running: opts.parallel,
             max_queue: opts.queue,
             kv_type: opts.kv_type,
+            swa_full: opts.swa_full,
             prefix_cache: opts.prefix_cache,
             prefix_cache_tokens: opts.prefix_cache_tokens,
             max_loras: opts.max_loras,

@@ -45,6 +45,7 @@ fn engine_config() -> EngineConfig {
         max_running: 4,
         max_queue: 64,
         kv_type: KvType::F16,
+        swa_full: false,
         prefix_cache: true,
         prefix_cache_tokens: None,
         max_loras: 4,

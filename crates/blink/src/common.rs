@@ -184,6 +184,10 @@ pub struct ComputeArgs {
     /// KV cache element type: f16 or f32.
     #[arg(long = "cache-type", default_value = "f16", value_parser = parse_kv_type)]
     pub cache_type: KvType,
+    /// Keep every position of a model's sliding-window layers in the KV cache (otherwise
+    /// they keep a window's worth and give the rest of their memory back).
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
     #[command(flatten)]
     pub kernel: KernelArgs,
     #[command(flatten)]
@@ -267,7 +271,7 @@ impl ComputeArgs {
     pub fn session_config(&self, model: &mut Model) -> CliResult<blink_engine::SessionConfig> {
         let n_ctx = self.ctx(model);
         model.fit_context(n_ctx);
-        Ok(blink_engine::SessionConfig { n_ctx, n_threads: self.threads()?, n_batch: self.batch_size, kv_type: self.cache_type })
+        Ok(blink_engine::SessionConfig { n_ctx, n_threads: self.threads()?, n_batch: self.batch_size, kv_type: self.cache_type, swa_full: self.swa_full })
     }
 
     /// The context to run with, warning on stderr past the trained one.

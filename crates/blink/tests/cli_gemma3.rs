@@ -79,7 +79,16 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
 
 #[test]
 fn perplexity_equals_llama_cpps_at_a_micro_batch_of_4() {
-    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf");
+    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", 512, 512);
+}
+
+/// Past the local layers' 512-position window: each chunk runs in steps of 256, so from
+/// the third step on the blocks a whole window back are given up in the local layers (and
+/// their pages released) while the rest of the chunk still runs; the figures stay
+/// llama.cpp's, from its full-size SWA cache (whose keys are in position order, as here).
+#[test]
+fn perplexity_past_the_sliding_window_equals_llama_cpps() {
+    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", 2048, 256);
 }
 
 #[test]

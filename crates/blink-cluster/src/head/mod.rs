@@ -372,9 +372,10 @@ impl Steps for RingHead {
         Ok(seq as SeqId)
     }
 
-    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), EngineError> {
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<usize, EngineError> {
+        // The devices' window caches keep every position (they do not slide).
         self.ops.push(CacheOp::Truncate { seq: seq as u32, len: len as u32 });
-        Ok(())
+        Ok(len)
     }
 
     fn run_with(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<(), EngineError> {

@@ -253,7 +253,7 @@ impl Node {
         let matrices = if streamed { Matrices::Streamed } else { Matrices::Repacked };
         let model = Model::from_gguf_share(self.file.clone(), &TensorPlacement::flat(threads), Share::windows(windows.clone(), matrices)).map_err(|e| e.to_string())?;
         let model = Arc::new(model);
-        let sizes = RunnerConfig { threads, kv_tokens: a.kv_tokens as usize, kv_type, max_rows: a.max_rows as usize, max_logit_rows: 1, max_ctx: a.max_ctx as usize, detached: false };
+        let sizes = RunnerConfig { threads, kv_tokens: a.kv_tokens as usize, kv_type, max_rows: a.max_rows as usize, max_logit_rows: 1, max_ctx: a.max_ctx as usize, swa_full: false, detached: false };
         let streamer = streamed.then(|| Streamer::new(self.file.clone(), model.clone(), &windows, budget.for_weights(), self.opts.force_prefetch));
         let mut streamer = streamer;
         if let Some(s) = &mut streamer {

@@ -61,6 +61,9 @@ pub struct EngineConfig {
     /// refused with `QueueFull`.
     pub max_queue: usize,
     pub kv_type: KvType,
+    /// Keep every position of the sliding-window layers, as llama.cpp's `--swa-full` does
+    /// (so any cached prefix can be attached; otherwise blocks a whole window back give their pages there back to the OS).
+    pub swa_full: bool,
     /// Reuse the KV blocks of shared prompt prefixes.
     pub prefix_cache: bool,
     /// Most tokens the prefix cache keeps in blocks no running sequence owns (`None`: a
@@ -88,6 +91,7 @@ impl EngineConfig {
             max_rows: self.step_tokens.saturating_add(self.max_running),
             max_logit_rows: self.max_running,
             max_ctx: self.max_seq_len,
+            swa_full: self.swa_full,
             detached,
         }
     }

@@ -26,6 +26,7 @@ pub fn config() -> EngineConfig {
         max_running: 8,
         max_queue: 64,
         kv_type: KvType::F16,
+        swa_full: false,
         prefix_cache: true,
         prefix_cache_tokens: None,
         max_loras: 4,
@@ -42,7 +43,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
 /// The first `max_tokens` greedy tokens of `prompt` from a single-sequence session: the
 /// reference a served request must equal.
 pub fn solo(model: &Model, tok: &Tokenizer, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
-    let mut s = Session::new(model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16 }).unwrap();
+    let mut s = Session::new(model, &SessionConfig { n_ctx: 512, n_threads: 2, n_batch: 64, kv_type: KvType::F16, swa_full: false }).unwrap();
     let params = GenerateParams { max_tokens: Some(max_tokens), sampling: SamplingParams::greedy(), ..Default::default() };
     s.generate(tok, prompt, &params, &mut |_| {}).unwrap().tokens
 }

@@ -216,7 +216,12 @@ impl Model {
                 }
             }
         }
+        // Each sequence's rows start at its first row's position: what lies a whole
+        // sliding window before it is dead in the local layers.
         for r in rows {
+            if result.is_ok() && next[r.seq] != usize::MAX {
+                kv.slide(r.seq, r.pos);
+            }
             next[r.seq] = usize::MAX;
         }
         if result.is_ok() {

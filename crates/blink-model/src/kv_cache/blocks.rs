@@ -7,6 +7,7 @@
 
 use super::pool::{chain_hash, BlockPool, PrefixKey};
 use super::release::Releaser;
+use super::slide::Slide;
 use super::{KvError, BLOCK_TOKENS};
 
 /// Blocks freed since the last release that make the next one due
@@ -27,6 +28,8 @@ struct SeqBlocks {
     len: usize,
     /// Whose prefixes it attaches and publishes.
     key: PrefixKey,
+    /// Leading blocks of `table` already considered dead in the sliding-window layers.
+    slid: usize,
 }
 
 /// Leading slots of a cached block to copy into a block a sequence owns, before the
@@ -48,6 +51,9 @@ pub struct KvBlocks {
     copies: Vec<SlotCopy>,
     /// Gives free blocks' pages back (`None`: bookkeeping without values).
     releaser: Option<Releaser>,
+    /// Gives back the sliding-window layers' pages of blocks past every window (`None`: no
+    /// such layers, or no values).
+    slide: Option<Slide>,
 }
 
 /// Copies of some sequences' block tables, as they were when a step was prepared.
@@ -103,7 +109,7 @@ impl TableSnapshot {
 
 impl KvBlocks {
     pub(super) fn new(n_blocks: usize, releaser: Option<Releaser>) -> KvBlocks {
-        KvBlocks { n_blocks, pool: BlockPool::new(n_blocks), seqs: Vec::new(), copies: Vec::new(), releaser }
+        KvBlocks { n_blocks, pool: BlockPool::new(n_blocks), seqs: Vec::new(), copies: Vec::new(), releaser, slide: None }
     }
 
     /// Total blocks in the pool.
@@ -149,14 +155,61 @@ impl KvBlocks {
     }
 
     /// At most how many bytes of values are resident: those of every block but the
-    /// released ones (owned blocks never written are counted, though they hold no pages).
+    /// released ones, less the sliding-window layers' share of the blocks past every
+    /// window that was given back (owned blocks never written are counted, though they
+    /// hold no pages).
     pub fn resident_bytes(&self) -> usize {
-        (self.n_blocks - self.released_blocks()) * self.block_bytes()
+        let slid_out = self.slide.as_ref().map_or(0, |s| self.pool.slid_out.len() * s.block_bytes);
+        (self.n_blocks - self.released_blocks()) * self.block_bytes() - slid_out
     }
 
-    /// Calls made to give memory back, and the bytes given back, since the cache was made.
+    /// Calls made to give memory back, and the bytes given back, since the cache was made
+    /// (free blocks' and the sliding-window layers').
     pub fn returned(&self) -> (u64, u64) {
-        self.releaser.as_ref().map_or((0, 0), |r| (r.calls, r.bytes))
+        let (c, b) = self.releaser.as_ref().map_or((0, 0), |r| (r.calls, r.bytes));
+        let (sc, sb) = self.slide.as_ref().map_or((0, 0), |s| (s.calls, s.bytes));
+        (c + sc, b + sb)
+    }
+
+    /// Give back the sliding-window layers' pages of blocks past every window (`slide`).
+    pub(super) fn set_slide(&mut self, slide: Slide) {
+        self.slide = Some(slide);
+    }
+
+    /// Whether blocks past their sequences' windows are marked dead in the sliding-window
+    /// layers and their pages there given back (on by default where the model has such
+    /// layers). Whoever cuts sequences back to positions they ran past (a benchmark's
+    /// rewind) turns it off first, so that the cut keeps the window before it.
+    pub fn release_slid_out(&mut self, on: bool) {
+        if let Some(s) = &mut self.slide {
+            s.enabled = on;
+        }
+    }
+
+    /// The rows of `id` from now on start at `first_pos` (a step's first row of it): mark
+    /// its blocks wholly before that row's window dead in the sliding-window layers, for
+    /// the next release to give back. Blocks shared with other sequences are left whole.
+    pub fn slide(&mut self, id: SeqId, first_pos: usize) {
+        let Some(slide) = self.slide.as_mut().filter(|s| s.enabled) else { return };
+        let Some(seq) = self.seqs.get_mut(id).and_then(Option::as_mut) else { return };
+        let dead = slide.dead_blocks(first_pos).min(seq.table.len());
+        for &b in &seq.table[seq.slid.min(dead)..dead] {
+            if self.pool.owners(b) == 1 && self.pool.mark_slid(b) {
+                slide.due.insert(b);
+            }
+        }
+        seq.slid = seq.slid.max(dead);
+    }
+
+    /// Whether every block a row at position `len` of `table` reads in the sliding-window
+    /// layers still holds its values there.
+    fn window_whole(&self, table: &[u32], len: usize) -> bool {
+        let Some(slide) = &self.slide else { return true };
+        if len == 0 {
+            return true;
+        }
+        let first = slide.dead_blocks(len);
+        table[first.min(table.len())..blocks_for(len).min(table.len())].iter().all(|&b| !self.pool.is_slid(b))
     }
 
     /// Give the OS back the memory of the blocks freed since the last time (whole pages
@@ -168,6 +221,11 @@ impl KvBlocks {
                 r.release(&mut self.pool);
             }
         }
+        if let Some(s) = &mut self.slide {
+            if s.due.len() > 0 {
+                s.release(&mut self.pool);
+            }
+        }
     }
 
     /// [`KvBlocks::return_free_memory`] once [`RETURN_BATCH`] blocks have been freed since
@@ -176,7 +234,8 @@ impl KvBlocks {
     /// after each round of releases and admissions.
     pub fn return_free_memory_if_due(&mut self) {
         let dirty = self.pool.dirty.len();
-        if dirty >= RETURN_BATCH || (dirty > 0 && self.pool.available() == self.n_blocks) {
+        let slid = self.slide.as_ref().map_or(0, |s| s.due.len());
+        if dirty >= RETURN_BATCH || slid >= RETURN_BATCH || (dirty > 0 && self.pool.available() == self.n_blocks) {
             self.return_free_memory();
         }
     }
@@ -279,18 +338,23 @@ impl KvBlocks {
     }
 
     /// Forget everything of `id` from position `len` on, returning whole blocks to the pool.
-    pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<(), KvError> {
+    /// Returns the length kept: `len`, or 0 where the sliding-window layers already gave
+    /// back part of the window before `len` (the sequence then starts over).
+    pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<usize, KvError> {
+        let seq = self.seq(id)?;
+        if len >= seq.len {
+            return Ok(seq.len);
+        }
+        let len = if self.window_whole(&seq.table, len) { len } else { 0 };
         let keep = blocks_for(len);
         let seq = self.seq_mut(id)?;
-        if len >= seq.len {
-            return Ok(());
-        }
         seq.len = len;
+        seq.slid = seq.slid.min(keep);
         let released: Vec<u32> = seq.table.drain(keep.min(seq.table.len())..).collect();
         for b in released.into_iter().rev() {
             self.pool.release(b);
         }
-        Ok(())
+        Ok(len)
     }
 
     /// Forget every cached prefix: the values were lost (a ring's devices emptied their
@@ -368,7 +432,16 @@ impl KvBlocks {
                 None => self.pool.release(src),
             }
         }
-        Ok(seq.len)
+        // The first new row reads the window before it in the sliding-window layers: a
+        // prefix whose window there was given back is not attached.
+        let len = seq.len;
+        let copied_whole = self.copies.last().filter(|c| c.seq == id).is_none_or(|c| !self.pool.is_slid(c.src));
+        if !copied_whole || !self.window_whole(&self.seq(id)?.table, len) {
+            self.free_seq(id);
+            self.seqs[id] = Some(SeqBlocks { key, ..SeqBlocks::default() });
+            return Ok(0);
+        }
+        Ok(len)
     }
 
     /// Publish the computed tokens of `id` (`tokens`, the sequence so far, of which the

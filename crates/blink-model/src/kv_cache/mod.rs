@@ -19,13 +19,19 @@
 //! ever read: a sequence writes past its attached prefix, into its own blocks. Prefixes are
 //! cached under the key of the model that computed them ([`PrefixKey`]: the base model's,
 //! or an adapter's), given once per sequence ([`KvBlocks::new_seq_with`]).
+//!
+//! In a model's sliding-window layers, the blocks a sequence has run a whole window past
+//! give their pages back ([`slide`], [`KvCache::with_sliding_window`]).
 
 mod bits;
 mod blocks;
 mod pool;
 mod release;
+mod slide;
 #[cfg(test)]
 mod cache_tests;
+#[cfg(test)]
+mod slide_tests;
 
 use std::ops::Range;
 
@@ -237,6 +243,28 @@ impl KvCache {
             .collect::<Result<Vec<_>, NumaError>>()?;
         let releaser = release::Releaser::new(regions, n_blocks, BLOCK_TOKENS * head_dim * ty.bytes());
         Ok(KvCache { blocks: KvBlocks::new(n_blocks, Some(releaser)), shards })
+    }
+
+    /// Give back the pages that the layers `is_local` says are sliding-window ones (their
+    /// queries see `window` positions) hold for blocks past every window ([`slide`]).
+    pub fn with_sliding_window(mut self, window: usize, is_local: impl Fn(usize) -> bool) -> KvCache {
+        let mut regions = Vec::with_capacity(2 * self.shards.len());
+        let mut head_block = 0;
+        for shard in &self.shards {
+            let l = &shard.layout;
+            let runs: Vec<usize> = (0..l.n_layers).filter(|&i| is_local(l.first_layer + i)).flat_map(|i| (0..l.n_kv_heads).map(move |h| i * l.n_kv_heads + h)).collect();
+            let (k, v) = match &shard.data {
+                KvData::F16(s) => (s.k.releaser(), s.v.releaser()),
+                KvData::F32(s) => (s.k.releaser(), s.v.releaser()),
+            };
+            head_block = BLOCK_TOKENS * l.head_dim * self.kv_type().bytes();
+            regions.extend([k, v].map(|pages| slide::LocalRuns { pages, runs: runs.clone() }));
+        }
+        if regions.iter().any(|r| !r.runs.is_empty()) {
+            let n_blocks = self.blocks.n_blocks();
+            self.blocks.set_slide(slide::Slide::new(window, regions, n_blocks, head_block));
+        }
+        self
     }
 
     /// Blocks needed to hold `tokens` tokens.

@@ -85,6 +85,10 @@ pub(crate) struct BlockPool {
     released: Bits,
     /// Free resident blocks not yet offered to a release (a subset of `resident`).
     pub(super) dirty: Bits,
+    /// Owned or cached blocks whose values in the sliding-window layers are dead (see
+    /// [`super::slide`]), and those of them whose pages there were given back.
+    slid: Bits,
+    pub(super) slid_out: Bits,
     /// (key, chained hash) → the full block ending there.
     index: HashMap<(PrefixKey, u64), u32>,
     /// (parent hash, first token) → every block with known contents there.
@@ -120,6 +124,8 @@ impl BlockPool {
             resident: Bits::new(n_blocks),
             released: Bits::full(n_blocks),
             dirty: Bits::new(n_blocks),
+            slid: Bits::new(n_blocks),
+            slid_out: Bits::new(n_blocks),
             index: HashMap::new(),
             children: HashMap::new(),
             evictable: BTreeMap::new(),
@@ -167,6 +173,24 @@ impl BlockPool {
     fn free(&mut self, b: u32) {
         self.resident.insert(b);
         self.dirty.insert(b);
+        self.slid.remove(b);
+        self.slid_out.remove(b);
+    }
+
+    /// How many sequences (and owed copies) hold `b`.
+    pub(super) fn owners(&self, b: u32) -> u32 {
+        self.refs[b as usize]
+    }
+
+    /// Whether `b`'s values in the sliding-window layers are dead.
+    pub(super) fn is_slid(&self, b: u32) -> bool {
+        self.slid.contains(b)
+    }
+
+    /// `b`'s values in the sliding-window layers are dead: no row that may still run reads
+    /// them. Whether it was not marked before.
+    pub(super) fn mark_slid(&mut self, b: u32) -> bool {
+        self.slid.insert(b)
     }
 
     /// Whether `b` is free (not owned, not cached).
@@ -203,6 +227,9 @@ impl BlockPool {
             b
         };
         self.refs[b as usize] = 1;
+        // A new owner writes every layer afresh.
+        self.slid.remove(b);
+        self.slid_out.remove(b);
         Some(b)
     }
 

@@ -141,6 +141,8 @@ pub fn start(path: &Path, shim: &ShimArgs, model: &ModelArgs, sizes: &HeadSizes)
         max_rows: n_batch,
         max_logit_rows: sizes.n_logits.clamp(1, n_batch),
         max_ctx: p.n_ctx,
+        // The devices' window caches keep every position anyway.
+        swa_full: false,
         detached: false,
     };
     let model = Arc::new(model);

@@ -39,6 +39,7 @@ pub fn main(args: Args) -> CliResult {
         n_batch: args.compute.batch_size.min(ctx),
         n_threads: args.compute.threads()?,
         kv_type: args.compute.cache_type,
+        swa_full: args.compute.swa_full,
         max_chunks: args.chunks.map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
         bos: loaded.tokenizer.add_bos().then(|| loaded.tokenizer.bos()).flatten(),
         adapter: args.lora.load(&loaded.model)?,

@@ -148,6 +148,12 @@ pub struct EngineArgs {
     /// KV cache element type: f16 or f32.
     #[arg(long = "cache-type", default_value = "f16", value_parser = parse_kv_type)]
     pub cache_type: KvType,
+    /// Keep every position of a model's sliding-window layers in the KV cache, so that any
+    /// cached prefix can be reused (otherwise they keep a window's worth and give the rest
+    /// of their memory back; a prefix is then reused where the window before its end is
+    /// still whole).
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
     /// Do not reuse the KV cache of shared prompt prefixes.
     #[arg(long = "no-prefix-cache")]
     pub no_prefix_cache: bool,
@@ -253,6 +259,7 @@ impl EngineArgs {
             queue: self.queue,
             step_tokens: self.step_tokens,
             kv_type: self.cache_type,
+            swa_full: self.swa_full,
             prefix_cache: !self.no_prefix_cache,
             prefix_cache_tokens: self.prefix_cache_tokens,
             max_loras: self.lora.max_loras,

@@ -134,13 +134,15 @@ pub mod synthetic;
 
 /// `blink perplexity` on the golden text gives llama.cpp's chunk by chunk, to the four
 /// decimals both print, at the micro-batch size where llama.cpp computes what Blink does
-/// (testdata/golden/perplexity-ubatch.json).
-pub fn perplexity_equals_llama_cpps_at_its_ubatch(model: &std::path::Path, name: &str) {
+/// (testdata/golden/perplexity-ubatch.json), with a context of `ctx` tokens evaluated in
+/// steps of `batch`.
+pub fn perplexity_equals_llama_cpps_at_its_ubatch(model: &std::path::Path, name: &str, ctx: usize, batch: usize) {
     let path = repo_root().join("testdata/golden/perplexity-ubatch.json");
     let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let case = golden["cases"].as_array().unwrap().iter().find(|c| c["model"] == name).unwrap_or_else(|| panic!("no case for {name}"));
+    let case = golden["cases"].as_array().unwrap().iter().find(|c| c["model"] == name && c["ctx"] == ctx).unwrap_or_else(|| panic!("no case for {name} at {ctx}"));
     let text = repo_root().join("testdata/golden/gpl-3-excerpt.txt");
-    let out = blink(&["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", "512", "-t", THREADS]);
+    let (ctx, batch) = (ctx.to_string(), batch.to_string());
+    let out = blink(&["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", &ctx, "-b", &batch, "-t", THREADS]);
     ok(&out);
     let chunks = stderr(&out).lines().find(|l| l.starts_with("[1]")).map(str::to_string).expect("a line of chunk figures");
     let want = case["chunks"].as_str().unwrap();

@@ -321,7 +321,8 @@ impl<'m> Depth<'m> {
             .and_then(|t| KvCache::blocks_for(t).checked_mul(BLOCK_TOKENS * n_seqs))
             .ok_or("the test's KV cache does not fit in memory; use smaller -p, -n, -d or --batch")?;
         let rows = max_rows.max(FILL_ROWS.min(depth));
-        let cfg = RunnerConfig { threads, kv_tokens: tokens, kv_type, max_rows: rows, max_logit_rows: n_seqs, max_ctx: depth + more, detached: false };
+        // Repetitions rewind to the depth: the sliding window before it must stay whole.
+        let cfg = RunnerConfig { threads, kv_tokens: tokens, kv_type, max_rows: rows, max_logit_rows: n_seqs, max_ctx: depth + more, swa_full: true, detached: false };
         let mut runner = Runner::new(model, &cfg)?;
         let seqs: Vec<SeqId> = (0..n_seqs).map(|_| runner.kv_mut().new_seq()).collect();
         let mut step = Vec::with_capacity(FILL_ROWS);

@@ -36,6 +36,8 @@ pub fn sweep(model: &Model, threads: usize, reps: usize, quick: bool, out: &mut 
         max_rows: MAX_CHUNK * 2 + SEQS,
         max_logit_rows: SEQS + 2,
         max_ctx: MAX_DEPTH + MAX_CHUNK + 16,
+        // Sweeps rewind to a depth: the window before it must stay whole.
+        swa_full: true,
         detached: true,
     };
     let mut runner = Runner::new(model, &cfg)?;
