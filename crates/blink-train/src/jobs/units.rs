@@ -135,7 +135,7 @@ impl Executor {
         let commit_time = self.commit_time;
         let fits = |layers: usize| {
             let ends_step = matches!(unit, Unit::Optimizer { layers: left, .. } if layers >= left);
-            price(&Accepted { unit, layers }) + if ends_step { commit_time } else { Duration::ZERO } <= free
+            fits_with_commit(price(&Accepted { unit, layers }), if ends_step { commit_time } else { Duration::ZERO }, free)
         };
         // A unit over layers takes the most layers whose price fits (it grows with them).
         let layers = match unit {
@@ -223,5 +223,29 @@ impl Executor {
         if let Some(a) = self.active.take() {
             self.report(Report::Failed { id: a.id, error });
         }
+    }
+}
+
+/// Whether a unit priced `price`, followed by a commit like the last one (`commit`, zero
+/// unless the unit ends a step), fits `free`. The commit counts for at most `free`, so a
+/// unit priced zero always fits: that is what an idle engine offers when nothing else fits
+/// (see the serving engine's co-training), and one slow commit (a loaded machine, a first
+/// snapshot's allocation) must not keep every later step from ending.
+fn fits_with_commit(price: Duration, commit: Duration, free: Duration) -> bool {
+    price.saturating_add(commit.min(free)) <= free
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_commit_never_keeps_a_zero_priced_unit_out() {
+        let ms = Duration::from_millis;
+        assert!(fits_with_commit(ms(0), ms(10_000), ms(250)));
+        assert!(!fits_with_commit(ms(1), ms(10_000), ms(250)));
+        assert!(fits_with_commit(ms(150), ms(100), ms(250)));
+        assert!(!fits_with_commit(ms(151), ms(100), ms(250)));
+        assert!(!fits_with_commit(Duration::MAX, ms(0), ms(250)));
     }
 }
