@@ -3,7 +3,9 @@
 (`POST /apply-template`, Jinja on), into testdata/golden/chat-templates.json.
 
 Each family's template is one of llama.cpp's own copies (models/templates/*.jinja, as the
-model vendors publish them); the server runs the default model with that template
+model vendors publish them), or for OLMo 2, which llama.cpp has no copy of, the one in
+templates/ here (OLMo 2 Instruct's: the Tulu template of allenai's open-instruct after
+`{{ bos_token }}`); the server runs the default model with that template
 (`--chat-template-file`), so `bos_token` and `eos_token` are the default model's.
 
 usage: make_chat_golden.py MODEL.gguf [OUT.json]   (needs llama-server in $LLAMA_BIN)
@@ -25,6 +27,7 @@ FAMILIES = {
     "granite": "ibm-granite-granite-3.3-2B-Instruct.jinja",
     "qwen3moe": "Qwen-Qwen3-0.6B.jinja",
     "mistral": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    "olmo2": os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "allenai-OLMo-2-1124-Instruct.jinja"),
 }
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello"}],
@@ -67,7 +70,7 @@ def main():
     for family, name in FAMILIES.items():
         path = os.path.join(TEMPLATES, name)
         prompts = render(model, path)
-        families.append({"family": family, "template_file": name, "template": open(path).read(),
+        families.append({"family": family, "template_file": os.path.basename(name), "template": open(path).read(),
                          "cases": [{"messages": m, "prompt": p} for m, p in zip(CONVERSATIONS, prompts)]})
         print(family, "ok")
     golden = {"reference": "llama.cpp 0c1e57098 llama-server --jinja, POST /apply-template",

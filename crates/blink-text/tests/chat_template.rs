@@ -298,8 +298,9 @@ fn today(format: &str) -> String {
 #[test]
 fn family_templates_render_as_llama_cpps_server_renders_them() {
     // The vendors' templates of Gemma 2, Phi-3.5, SmolLM3, Granite 3.3, Qwen3 (as
-    // Qwen3-MoE) and Mistral Nemo, rendered by llama-server's /apply-template with the
-    // default model's special tokens (scripts/llamacpp_ref/make_chat_golden.py).
+    // Qwen3-MoE), Mistral Nemo and OLMo 2 Instruct, rendered by llama-server's
+    // /apply-template with the default model's special tokens
+    // (scripts/llamacpp_ref/make_chat_golden.py).
     let path = golden_dir().join("chat-templates.json");
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("golden file")).expect("JSON");
     let (bos, eos) = (golden["bos_token"].as_str().unwrap(), golden["eos_token"].as_str().unwrap());
@@ -309,7 +310,7 @@ fn family_templates_render_as_llama_cpps_server_renders_them() {
     let months = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
     let then = format!("{} {:02}, {}", months[rendered_on[1] as usize - 1], rendered_on[2], rendered_on[0]);
     let families = golden["families"].as_array().unwrap();
-    assert_eq!(families.len(), 6);
+    assert_eq!(families.len(), 7);
     for family in families {
         let name = family["family"].as_str().unwrap();
         let tmpl = ChatTemplate::new(family["template"].as_str().unwrap(), bos, eos).unwrap_or_else(|e| panic!("{name}: {e}"));
