@@ -186,8 +186,8 @@ pub struct FfnMatrices {
     pub down: Matrix,
 }
 
-/// A mixture of experts: the router (every expert's row, in every part) and each expert's
-/// FFN (a part's rows of each, as a dense FFN is split).
+/// A mixture of experts: the router (every expert's row, in every part) and the FFNs of
+/// the part's own experts (`TensorPart::experts`, in order), whole.
 pub struct Experts {
     pub router: Matrix,
     pub experts: Vec<FfnMatrices>,
@@ -513,15 +513,18 @@ impl Weights {
                 };
                 let ffr = &part.ff_rows;
                 let ffn = match cfg.moe {
-                    // Experts: 3-D tensors, expert `e` the rows `e·n..(e + 1)·n` of each.
+                    // Experts: 3-D tensors, expert `e` the rows `e·n..(e + 1)·n` of each. A
+                    // part holds its own experts whole.
                     Some(moe) => {
-                        let rows = |name: &str, cols: usize, rows: usize, e: usize, r: &Range<usize>| ld.rows_3d(&n(name), cols, rows, moe.n_expert, e, r.clone());
-                        let experts = (0..moe.n_expert)
+                        let whole = |name: &str, cols: usize, rows: usize, e: usize| ld.rows_3d(&n(name), cols, rows, moe.n_expert, e, 0..rows);
+                        let experts = part
+                            .experts
+                            .clone()
                             .map(|e| {
                                 Ok(FfnMatrices {
-                                    gate: rows("ffn_gate_exps.weight", d, ff, e, ffr)?,
-                                    up: rows("ffn_up_exps.weight", d, ff, e, ffr)?,
-                                    down: rows("ffn_down_exps.weight", ff, d, e, &part.embd_rows)?,
+                                    gate: whole("ffn_gate_exps.weight", d, ff, e)?,
+                                    up: whole("ffn_up_exps.weight", d, ff, e)?,
+                                    down: whole("ffn_down_exps.weight", ff, d, e)?,
                                 })
                             })
                             .collect::<Result<Vec<_>, ModelError>>()?;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use blink_gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
 use blink_kernels::quant::quantize_weights;
 use blink_model::lora::LoraMix;
+use blink_model::weights::Ffn;
 use blink_model::{AdapterSlot, KvType, Model, Scratch, Step, StepRow, TensorPlacement};
 use blink_runtime::numa::Topology;
 
@@ -263,7 +264,8 @@ fn phi3_with_fused_tensors_and_rope_factors_runs() {
 #[test]
 fn mixtures_of_experts_run_batched_and_split() {
     // Eight experts, two per token: each row's choice (and sum) is its own whatever the
-    // batch, and the same split over two and three nodes (each holding rows of every expert).
+    // batch, and the same split over two and three nodes (each holding its own experts
+    // whole: 4 + 4, 3 + 3 + 2).
     let moe = [("expert_count", Value::U32(8)), ("expert_used_count", Value::U32(2))];
     check_file("qwen3moe", build_with("qwen3moe", GgmlType::Q4_1, &moe, &[]));
     check_file("llama", build_with("llama", GgmlType::Q8_0, &moe, &[]));
@@ -272,6 +274,25 @@ fn mixtures_of_experts_run_batched_and_split() {
     check_file("llama", build_with("llama", GgmlType::Q4_0, &all, &[]));
     let one = [("expert_count", Value::U32(8)), ("expert_used_count", Value::U32(1))];
     check_file("llama", build_with("llama", GgmlType::Q4_0, &one, &[]));
+    // Two experts over three nodes: one node holds none and only sums what the others send.
+    let two = [("expert_count", Value::U32(2)), ("expert_used_count", Value::U32(2))];
+    check_file("qwen3moe", build_with("qwen3moe", GgmlType::Q8_0, &two, &[]));
+}
+
+#[test]
+fn experts_are_split_by_expert_and_held_whole() {
+    let moe = [("expert_count", Value::U32(8)), ("expert_used_count", Value::U32(2))];
+    let file = Arc::new(GgufFile::from_bytes(build_with("qwen3moe", GgmlType::Q4_1, &moe, &[])).unwrap());
+    let tp = Model::from_gguf_placed(file, &TensorPlacement::tensor_parallel(Topology::simulated(3), 3)).unwrap();
+    let owned: Vec<_> = tp.split.parts.iter().map(|p| p.experts.clone()).collect();
+    assert_eq!(owned, [0..3, 3..6, 6..8]);
+    for (part, weights) in tp.split.parts.iter().zip(&tp.parts) {
+        let Ffn::Experts(ex) = &weights.layer(0).ffn else { panic!("a layer of experts") };
+        assert_eq!(ex.experts.len(), part.experts.len());
+        for f in &ex.experts {
+            assert_eq!((f.gate.rows, f.up.rows, f.down.rows), (FF, FF, EMBD), "whole experts");
+        }
+    }
 }
 
 #[test]

@@ -89,6 +89,9 @@ pub struct TensorPart {
     pub embd_rows: Range<usize>,
     /// Rows of the FFN gate and up projections (columns of down).
     pub ff_rows: Range<usize>,
+    /// The experts whose weights it holds whole and whose rows it computes, in a model
+    /// with experts (empty otherwise): experts are split by expert, not by rows.
+    pub experts: Range<usize>,
     /// Rows of the embedding table and of the LM head.
     pub vocab_rows: Range<usize>,
     /// For each held key/value head: (head, this part's rank among its holders, holders).
@@ -113,6 +116,7 @@ impl TensorSplit {
         let embd = proportional(cfg.n_embd, weights, ROW_ALIGN);
         let ff = proportional(cfg.n_ff, weights, ROW_ALIGN);
         let vocab = proportional(cfg.vocab_size, weights, ROW_ALIGN);
+        let experts = proportional(cfg.moe.map_or(0, |m| m.n_expert), weights, 1);
         let parts = (0..weights.len())
             .map(|i| {
                 let q_heads = q[i].clone();
@@ -121,7 +125,15 @@ impl TensorSplit {
                 } else {
                     q_heads.start / group..(q_heads.end - 1) / group + 1
                 };
-                TensorPart { q_heads, kv_heads, embd_rows: embd[i].clone(), ff_rows: ff[i].clone(), vocab_rows: vocab[i].clone(), kv_groups: Vec::new() }
+                TensorPart {
+                    q_heads,
+                    kv_heads,
+                    embd_rows: embd[i].clone(),
+                    ff_rows: ff[i].clone(),
+                    experts: experts[i].clone(),
+                    vocab_rows: vocab[i].clone(),
+                    kv_groups: Vec::new(),
+                }
             })
             .collect::<Vec<TensorPart>>();
         let mut parts = parts;

@@ -105,6 +105,8 @@ pub(super) enum Shared {
     Ffn,
     /// A block's output before its norm (`xn`, for models that norm it).
     BlockOut,
+    /// The experts' outputs, a row per (row, chosen expert) slot (`moe_out`).
+    ExpertOut,
 }
 
 impl<T: KvElem> PartView<'_, T> {
@@ -113,6 +115,7 @@ impl<T: KvElem> PartView<'_, T> {
             Shared::Residual => &self.x,
             Shared::Ffn => &self.gate,
             Shared::BlockOut => &self.xn,
+            Shared::ExpertOut => &self.moe_out,
         }
     }
 }

@@ -7,8 +7,12 @@
 //! A row's choices are its slots (`row · n_used + k`). The slots are sorted by expert, so
 //! each expert multiplies one contiguous run of activation rows: the input rows are
 //! quantized once and gathered in that order, and the FFN buffers (`gate`, `up`, then
-//! `moe_out`) hold a row per slot in that order. Split over parts, every part routes every
-//! row (the same bits) and computes its rows of every expert, as for a dense FFN.
+//! `moe_out`) hold a row per slot in that order. Split over parts, experts are split by
+//! expert: every part routes every row (the same bits), runs its own experts whole over
+//! their slots, in its own memory, and copies their outputs (`moe_out` rows) into the
+//! other parts (writes cross nodes, reads never do); then each part sums every row's
+//! outputs, in order, on its columns of the residual stream. An output is the same bits on
+//! whichever part computes it, so the split changes nothing in the result.
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{self, ActRows, Out, ROW_ALIGN};
@@ -16,7 +20,9 @@ use blink_kernels::quant::float;
 use blink_kernels::quant::reduce::hsum16;
 use blink_runtime::numa::NodeWorker;
 
-use super::buffers::{Buf, PartView, Write};
+use std::ops::Range;
+
+use super::buffers::{Buf, PartView, Shared, Write};
 use super::{Pass, StoreOf};
 use crate::config::Moe;
 use crate::weights::{Experts, Matrix};
@@ -40,6 +46,15 @@ impl Routing {
     }
     fn start(&self, e: usize) -> usize {
         3 * self.slots + e
+    }
+
+    /// The places of the slots of experts `experts` (once the order is written).
+    ///
+    /// # Safety
+    /// The order was written before a barrier, and nobody writes it now.
+    unsafe fn places<T: StoreOf>(&self, me: &PartView<T>, experts: &Range<usize>) -> Range<usize> {
+        let at = |e: usize| me.moe_idx.slice(self.start(e)..self.start(e) + 1)[0] as usize;
+        at(experts.start)..at(experts.end)
     }
 }
 
@@ -87,8 +102,9 @@ fn route(moe: &Moe, scores: &mut [f32], chosen: &mut [u32], weights: &mut [f32])
 }
 
 impl<T: StoreOf> Pass<'_, T> {
-    /// Norm done (`input`): route every row, then each expert's gate and up over its slots
-    /// and SwiGLU on them (no barrier at the end: each thread's slots are done).
+    /// Norm done (`input`): route every row, then each of the part's experts' gate and up
+    /// over its slots and SwiGLU on them (no barrier at the end: each thread's slots are
+    /// done).
     pub(super) fn experts_in(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, ex: &Experts) {
         let (cfg, n) = (&self.model.cfg, self.rows.len());
         let moe = cfg.moe.expect("a layer of experts has them in its config");
@@ -108,32 +124,44 @@ impl<T: StoreOf> Pass<'_, T> {
             unsafe { sort_slots(me, &at, moe.n_expert) };
         }
         w.group_barrier();
+        // SAFETY: the order was written before the barrier.
+        let mine = unsafe { at.places(me, &me.part.experts) };
+        let Some(first) = ex.experts.first() else { return };
         let mut quantized = None;
         for which in [Product::Gate, Product::Up] {
-            let ty = which.matrix(&ex.experts[0]).mat_ref().activation_type();
+            let ty = which.matrix(first).mat_ref().activation_type();
             if quantized != Some(ty) {
-                self.gather_inputs(w, me, input, n, &at, ty);
+                self.gather_inputs(w, me, input, n, &at, mine.clone(), ty);
                 quantized = Some(ty);
             }
             self.expert_products(w, me, ex, which, n, &at, ty);
         }
         w.group_barrier();
-        self.gated_activation(w, me, slots);
+        self.gated_activation(w, me, mine, 0..cfg.n_ff);
     }
 
-    /// Each expert's down projection over its slots, then each row's weighted sum of its
-    /// experts' outputs into the residual stream (or into `xn`, for a model that norms the
-    /// block's output).
+    /// Each of the part's experts' down projection over its slots (their outputs then
+    /// copied into the other parts), then each row's weighted sum of its experts' outputs
+    /// into the residual stream (or into `xn`, for a model that norms the block's output).
     pub(super) fn experts_out(&self, w: &NodeWorker, me: &PartView<T>, ex: &Experts) {
         let (cfg, n) = (&self.model.cfg, self.rows.len());
         let moe = cfg.moe.expect("a layer of experts has them in its config");
-        let (slots, at) = (n * moe.n_used, Routing { slots: n * moe.n_used });
-        let ty = ex.experts[0].down.mat_ref().activation_type();
-        // The slots' activations are already in expert order.
-        self.quantize_rows(w, me, &me.gate, cfg.n_ff, slots, ty);
+        let at = Routing { slots: n * moe.n_used };
+        // SAFETY: the order was written before a barrier of `experts_in`.
+        let mine = unsafe { at.places(me, &me.part.experts) };
+        if let Some(first) = ex.experts.first() {
+            let ty = first.down.mat_ref().activation_type();
+            // The slots' activations are already in expert order, on the threads that
+            // computed them.
+            self.quantize_rows(w, me, &me.gate, cfg.n_ff, mine.clone(), ty);
+            w.group_barrier();
+            self.expert_products(w, me, ex, Product::Down, 0, &at, ty);
+        }
         w.group_barrier();
-        self.expert_products(w, me, ex, Product::Down, 0, &at, ty);
-        w.group_barrier();
+        if self.n_parts > 1 {
+            self.broadcast_rows(w, me, Shared::ExpertOut, 0..cfg.n_embd, mine);
+            w.global_barrier();
+        }
         let cols = me.part.embd_rows.clone();
         let apart = cfg.block_out_apart();
         for r in w.share(n, 1) {
@@ -189,14 +217,16 @@ impl<T: StoreOf> Pass<'_, T> {
         w.group_barrier();
     }
 
-    /// The input rows quantized to `ty` (activation rows `0..n`), then copied in expert
-    /// order after them (rows `n..n + slots`).
-    fn gather_inputs(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, n: usize, at: &Routing, ty: GgmlType) {
-        self.quantize_rows(w, me, input, self.model.cfg.n_embd, n, ty);
+    /// The input rows quantized to `ty` (activation rows `0..n`), then those of the slots
+    /// at places `places` copied in expert order after them (rows `n + p`).
+    #[allow(clippy::too_many_arguments)]
+    fn gather_inputs(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, n: usize, at: &Routing, places: Range<usize>, ty: GgmlType) {
+        self.quantize_rows(w, me, input, self.model.cfg.n_embd, 0..n, ty);
         w.group_barrier();
         let bytes = ty.row_bytes(self.model.cfg.n_embd as u64).expect("checked at load") as usize;
         let stride = self.act_stride;
-        for p in w.share(at.slots, 1) {
+        for p in w.share(places.len(), 1) {
+            let p = places.start + p;
             // SAFETY: rows 0..n were written before the barrier; each thread owns its places.
             unsafe {
                 let s = me.moe_idx.slice(at.order(p)..at.order(p) + 1)[0] as usize;
@@ -209,17 +239,17 @@ impl<T: StoreOf> Pass<'_, T> {
         w.group_barrier();
     }
 
-    /// One product of every expert over its run of slots: activation rows from `first`
-    /// on (in expert order), this thread's share of the part's rows of the matrix.
+    /// One product of each of the part's experts over its run of slots: activation rows
+    /// from `first` on (in expert order), this thread's share of the matrix's rows.
     #[allow(clippy::too_many_arguments)]
     fn expert_products(&self, w: &NodeWorker, me: &PartView<T>, ex: &Experts, which: Product, first: usize, at: &Routing, ty: GgmlType) {
-        let (out, col) = match which {
-            Product::Gate => (&me.gate, me.part.ff_rows.start),
-            Product::Up => (&me.up, me.part.ff_rows.start),
-            Product::Down => (&me.moe_out, me.part.embd_rows.start),
+        let out = match which {
+            Product::Gate => &me.gate,
+            Product::Up => &me.up,
+            Product::Down => &me.moe_out,
         };
         let stride = self.act_stride;
-        for (e, f) in ex.experts.iter().enumerate() {
+        for (e, f) in me.part.experts.clone().zip(&ex.experts) {
             // SAFETY: the order was written before a barrier.
             let run = unsafe { me.moe_idx.slice(at.start(e)..at.start(e) + 2) };
             let run = run[0] as usize..run[1] as usize;
@@ -228,7 +258,7 @@ impl<T: StoreOf> Pass<'_, T> {
             if run.is_empty() || rows.is_empty() {
                 continue;
             }
-            let base = out.out(col, Write::Set);
+            let base = out.out(0, Write::Set);
             // SAFETY: activation rows were written before the last barrier; this thread
             // alone writes rows `rows` of the run's output rows.
             unsafe {

@@ -3,6 +3,8 @@
 //! then the down projection into the residual stream (`ffn_out`), or into `xn` when the
 //! model norms the block's output before adding it (`add_normed`).
 
+use std::ops::Range;
+
 use blink_runtime::numa::NodeWorker;
 use blink_kernels::ops;
 
@@ -13,15 +15,6 @@ use crate::lora::LoraTarget;
 use crate::weights::{Ffn, LayerWeights};
 
 impl<T: StoreOf> Pass<'_, T> {
-    /// Rows of the FFN buffers a layer fills: one per step row, or one per (row, chosen
-    /// expert) slot.
-    pub(super) fn ffn_rows(&self, lw: &LayerWeights) -> usize {
-        match (&lw.ffn, self.model.cfg.moe) {
-            (Ffn::Experts(_), Some(moe)) => self.rows.len() * moe.n_used,
-            _ => self.rows.len(),
-        }
-    }
-
     /// Norm, gate and up, SwiGLU (no barrier at the end: each thread's rows are done).
     pub(super) fn ffn_in(&self, w: &NodeWorker, me: &PartView<T>, layer: usize, lw: &LayerWeights) {
         let (cfg, n) = (&self.model.cfg, self.rows.len());
@@ -34,15 +27,16 @@ impl<T: StoreOf> Pass<'_, T> {
         let gate = (&f.gate, &me.gate, fc, Write::Set, Some((layer, LoraTarget::Gate)));
         let up = (&f.up, &me.up, fc, Write::Set, Some((layer, LoraTarget::Up)));
         self.project(w, me, input, (cfg.n_embd, n), self.grouped_ffn(layer), &[gate, up]);
-        self.gated_activation(w, me, n);
+        self.gated_activation(w, me, 0..n, me.part.ff_rows.clone());
     }
 
-    /// SwiGLU (or GeGLU) on this part's columns of the first `count` rows of `gate`/`up`.
-    pub(super) fn gated_activation(&self, w: &NodeWorker, me: &PartView<T>, count: usize) {
-        for r in w.share(count, 1) {
+    /// SwiGLU (or GeGLU) on columns `cols` of rows `rows` of `gate`/`up`.
+    pub(super) fn gated_activation(&self, w: &NodeWorker, me: &PartView<T>, rows: Range<usize>, cols: Range<usize>) {
+        for r in w.share(rows.len(), 1) {
+            let r = rows.start + r;
             // SAFETY: rows are split between the node's threads; gate/up were completed
             // before the barrier that ended the projection.
-            let (gate, up) = unsafe { (me.gate.cols_mut(r, me.part.ff_rows.clone()), me.up.cols(r, me.part.ff_rows.clone())) };
+            let (gate, up) = unsafe { (me.gate.cols_mut(r, cols.clone()), me.up.cols(r, cols.clone())) };
             match self.model.cfg.ffn_act {
                 FfnAct::Silu => ops::swiglu(self.isa, gate, up),
                 FfnAct::GeluTanh => blink_kernels::gelu::geglu(self.isa, gate, up),

@@ -35,7 +35,7 @@ use crate::config::QkNorm;
 use crate::kv_cache::{KvData, KvElem, KvShard, KvStore, TableSnapshot};
 use crate::lora::LoraMix;
 use crate::parallel::tensor::{TensorPart, MAX_PARTS};
-use crate::weights::Weights;
+use crate::weights::{Ffn, Weights};
 use crate::Model;
 use buffers::{Buf, PartView, Shared, Write};
 
@@ -205,8 +205,9 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             self.attention_out(w, me, l, lw);
             self.join_residual(w, me, lw.attn_post_norm.as_deref());
             self.ffn_in(w, me, l, lw);
-            if split {
-                self.broadcast_rows(w, me, Shared::Ffn, me.part.ff_rows.clone(), self.ffn_rows(lw));
+            // A part's experts run whole on it: their activations stay there.
+            if split && matches!(lw.ffn, Ffn::Dense(_)) {
+                self.broadcast(w, me, Shared::Ffn, me.part.ff_rows.clone());
                 w.global_barrier();
             }
             self.ffn_out(w, me, l, lw);
@@ -292,12 +293,13 @@ impl<'a, T: StoreOf> Pass<'a, T> {
     /// Copy columns `cols` of every row of one buffer from this part to the others. The
     /// node's threads split the rows.
     fn broadcast(&self, w: &NodeWorker, me: &PartView<T>, which: Shared, cols: Range<usize>) {
-        self.broadcast_rows(w, me, which, cols, self.rows.len())
+        self.broadcast_rows(w, me, which, cols, 0..self.rows.len())
     }
 
-    /// [`Pass::broadcast`] of the first `count` rows.
-    fn broadcast_rows(&self, w: &NodeWorker, me: &PartView<T>, which: Shared, cols: Range<usize>, count: usize) {
-        for r in w.share(count, 1) {
+    /// [`Pass::broadcast`] of rows `rows`.
+    fn broadcast_rows(&self, w: &NodeWorker, me: &PartView<T>, which: Shared, cols: Range<usize>, rows: Range<usize>) {
+        for r in w.share(rows.len(), 1) {
+            let r = rows.start + r;
             // SAFETY: this part alone owns columns `cols` in this phase, in every part's
             // buffer; its threads split the rows.
             unsafe {

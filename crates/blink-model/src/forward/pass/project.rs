@@ -3,6 +3,8 @@
 //! threads claim; the adapters add their `scale · B(A·x)` to the rows that have one
 //! (`lora`), inside the same phases, and nowhere else.
 
+use std::ops::Range;
+
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{self, ActRows};
 use blink_kernels::ops;
@@ -43,7 +45,7 @@ impl<T: StoreOf> Pass<'_, T> {
                 if quantized.is_some() {
                     w.group_barrier();
                 }
-                self.quantize_rows(w, me, input, cols, count, act_ty);
+                self.quantize_rows(w, me, input, cols, 0..count, act_ty);
                 if adapters && quantized.is_none() {
                     self.adapter_shrinks(w, me, input, cols, outputs);
                 }
@@ -76,9 +78,12 @@ impl<T: StoreOf> Pass<'_, T> {
         w.group_barrier();
     }
 
-    pub(super) fn quantize_rows(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, count: usize, ty: GgmlType) {
+    /// Rows `rows` of `input` (their first `cols` columns) quantized to `ty`, into the same
+    /// rows of `act`; the node's threads split them.
+    pub(super) fn quantize_rows(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, cols: usize, rows: Range<usize>, ty: GgmlType) {
         let bytes = ty.row_bytes(cols as u64).expect("checked at load") as usize;
-        for r in w.share(count, 1) {
+        for r in w.share(rows.len(), 1) {
+            let r = rows.start + r;
             // SAFETY: input rows are read-only here (written by this thread or before a
             // barrier); act rows are split between the node's threads.
             unsafe {
