@@ -1,8 +1,10 @@
 //! `blink` on Gemma 3 270M (Q4_K_M, the PyPI file) against llama.cpp's outputs for it
 //! (testdata/golden/gemma-3-270m-q4_k_m.json): tokenization, greedy text up to the first
 //! near-tie (a 700-token prompt among them, past the local layers' window), perplexity
-//! within 1% of llama.cpp's default run and equal to its run at a micro-batch of 4; and the same text from tensor parallelism over two simulated NUMA nodes and
-//! from the server with requests batched together.
+//! within 1% of llama.cpp's default run and equal to its run at a micro-batch of 4 (and,
+//! past the window, to its full-size SWA cache's); the same text from tensor parallelism
+//! over two simulated NUMA nodes and from the server with requests batched together; and
+//! the server's prefix cache past the window, where the local layers gave memory back.
 
 mod support;
 
@@ -104,38 +106,93 @@ fn info_names_the_gemma_blocks() {
 /// The server answers requests batched together with the text `run` gives each alone.
 #[test]
 fn the_server_batches_gemma_requests_without_changing_them() {
-    use std::io::BufRead;
     let model = gemma();
     let model = model.to_str().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_blink"))
-        .args(["serve", "-m", model, "--port", "0", "-t", THREADS, "-c", "1024"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut url = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut url).unwrap();
-    let url = url.trim().to_string();
+    let served = Served::start(model, &["-c", "1024", "--parallel", "4"]);
     let prompts = ["The capital of France is", "Once upon a time, there was a little", "def fibonacci(n):", "Water boils at a temperature of"];
-    let complete = |prompt: &str| -> String {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let client = blink_server::client::Client::new(&url).unwrap();
-        let body = serde_json::json!({"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": true});
-        let r = rt.block_on(client.post_json("/v1/completions", &body)).unwrap();
-        let v: serde_json::Value = r.json().unwrap();
-        v["choices"][0]["text"].as_str().unwrap_or_else(|| panic!("no text: {v}")).to_string()
-    };
     let together: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts.iter().map(|p| s.spawn(move || complete(p))).collect();
+        let handles: Vec<_> = prompts.iter().map(|p| s.spawn(|| served.complete(p, 16).0)).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(served);
     for (p, got) in prompts.iter().zip(together) {
         let out = blink(&["run", "-m", model, "--raw", "--temp", "0", "-n", "16", "--ignore-eos", "-t", THREADS, "-p", p]);
         ok(&out);
         // `run` ends its output with a newline.
         assert_eq!(format!("{got}\n"), stdout(&out), "{p:?}: batched in the server vs alone");
+    }
+}
+
+/// Past the local layers' window the server gives their old blocks' memory back, and still
+/// reuses a conversation's prefix where the window before its end is whole: the next turn
+/// attaches it and gives `run`'s text, while a prompt sharing only the conversation's start
+/// (whose window there was given back) is computed afresh, and gives `run`'s text too. With
+/// `--swa-full` that start is reused as well.
+#[test]
+fn the_server_reuses_prefixes_past_the_sliding_window_only_where_it_is_whole() {
+    let model = gemma();
+    let model = model.to_str().unwrap();
+    let long = reference()["greedy"].as_array().unwrap().iter().find(|c| c["prompt_ids"].as_array().unwrap().len() > 512).unwrap()["prompt"].as_str().unwrap().to_string();
+    let third = long.char_indices().nth(long.chars().count() / 3).map_or(0, |(i, _)| i);
+    let start = format!("{} Meanwhile", &long[..third]);
+    for extra in [&[][..], &["--swa-full"][..]] {
+        let served = Served::start(model, &[&["-c", "2048", "--parallel", "1", "--prefix-cache-tokens", "2048"], extra].concat());
+        // About 900 tokens: the blocks more than a window behind the last rows are given up.
+        let (first, _) = served.complete(&long, 200);
+        let next = format!("{long}{first} Then");
+        let (next_text, next_cached) = served.complete(&next, 12);
+        let (start_text, start_cached) = served.complete(&start, 12);
+        drop(served);
+        assert!(next_cached > 850, "{extra:?}: the next turn attached {next_cached} cached tokens");
+        if extra.is_empty() {
+            assert_eq!(start_cached, 0, "a prefix whose window was given back was attached");
+        } else {
+            assert!(start_cached > 200, "--swa-full: the conversation's start attached {start_cached} cached tokens");
+        }
+        for (prompt, got) in [(&next, next_text), (&start, start_text)] {
+            let out = blink(&["run", "-m", model, "--raw", "--temp", "0", "-n", "12", "--ignore-eos", "-c", "2048", "-t", THREADS, "-p", prompt]);
+            ok(&out);
+            assert_eq!(format!("{got}\n"), stdout(&out), "{extra:?}: the server's text against `run`'s");
+        }
+    }
+}
+
+/// `blink serve` on Gemma 3, with `args` after the model and threads.
+struct Served {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Served {
+    fn start(model: &str, args: &[&str]) -> Served {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_blink"))
+            .args(["serve", "-m", model, "--port", "0", "-t", THREADS])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut url = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut url).unwrap();
+        Served { child, url: url.trim().to_string() }
+    }
+
+    /// A greedy completion of `n` tokens, and how many prompt tokens came from the cache.
+    fn complete(&self, prompt: &str, n: usize) -> (String, u64) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let client = blink_server::client::Client::new(&self.url).unwrap();
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true});
+        let v: serde_json::Value = rt.block_on(client.post_json("/v1/completions", &body)).unwrap().json().unwrap();
+        let text = v["choices"][0]["text"].as_str().unwrap_or_else(|| panic!("no text: {v}")).to_string();
+        (text, v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
