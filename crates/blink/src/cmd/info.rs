@@ -102,7 +102,7 @@ pub fn main(args: Args) -> CliResult {
     )?;
     if let Some(sw) = &cfg.sliding {
         let local = sw.layers.iter().filter(|&&l| l).count();
-        outln!("sliding window:  {} tokens on {local} of {} layers (rope base {})", sw.window, cfg.n_layers, sw.rope.freq_base)?;
+        outln!("sliding window:  {} tokens on {local} of {} layers (rope base {}); their KV cache keeps a window (--swa-full: every position)", sw.window, cfg.n_layers, sw.rope.freq_base)?;
     }
     let mut blocks = Vec::new();
     if !cfg.pre_norms {
