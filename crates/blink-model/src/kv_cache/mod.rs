@@ -249,7 +249,8 @@ impl KvCache {
     /// queries see `window` positions) hold for blocks past every window ([`slide`]).
     pub fn with_sliding_window(mut self, window: usize, is_local: impl Fn(usize) -> bool) -> KvCache {
         let mut regions = Vec::with_capacity(2 * self.shards.len());
-        let mut head_block = 0;
+        let head_dim = self.shards.first().map_or(0, |s| s.layout.head_dim);
+        let head_block = BLOCK_TOKENS * head_dim * self.kv_type().bytes();
         for shard in &self.shards {
             let l = &shard.layout;
             let runs: Vec<usize> = (0..l.n_layers).filter(|&i| is_local(l.first_layer + i)).flat_map(|i| (0..l.n_kv_heads).map(move |h| i * l.n_kv_heads + h)).collect();
@@ -257,7 +258,6 @@ impl KvCache {
                 KvData::F16(s) => (s.k.releaser(), s.v.releaser()),
                 KvData::F32(s) => (s.k.releaser(), s.v.releaser()),
             };
-            head_block = BLOCK_TOKENS * l.head_dim * self.kv_type().bytes();
             regions.extend([k, v].map(|pages| slide::LocalRuns { pages, runs: runs.clone() }));
         }
         if regions.iter().any(|r| !r.runs.is_empty()) {
