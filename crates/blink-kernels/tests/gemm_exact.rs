@@ -162,6 +162,46 @@ proptest! {
     }
 }
 
+/// The largest sums a kernel can meet: every quant at its largest magnitude against
+/// activations all at ±127, over tiles of every width. A kernel that adds 16-bit partial
+/// sums (plain AVX2's block order) overflows here first if its bound is wrong.
+#[test]
+fn extreme_blocks_equal_scalar() {
+    use GgmlType::*;
+    // Each type's header bytes (scales), then the quant byte that makes every quant as
+    // large as it goes: nibbles 15 (and fifth bits set), Q8_0's −128, IQ4_NL's −127 (index
+    // 0), MXFP4's 12 (index 7).
+    let extremes = [(Q4_0, 2, 0xff), (Q4_1, 4, 0xff), (Q5_0, 2, 0xff), (Q5_1, 4, 0xff), (Q8_0, 2, 0x80), (IQ4_NL, 2, 0x00), (MXFP4, 1, 0x77)];
+    let (rows, cols) = (19, 4 * 32);
+    for (ty, header, fill) in extremes {
+        let mut w = random_weights(ty, rows, cols, 7);
+        for block in w.chunks_exact_mut(ty.type_size()) {
+            block[header..].fill(fill);
+        }
+        let act_ty = ty.activation_type();
+        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
+        for sign in [1.0f32, -1.0] {
+            for n_act in [1, 2, 3, 4, 5, 7] {
+                let mut act = vec![0u8; n_act * stride];
+                for r in 0..n_act {
+                    quantize_row(act_ty, &vec![sign * 3.5; cols], &mut act[r * stride..(r + 1) * stride]);
+                }
+                for order in [DotOrder::Llama, DotOrder::Block] {
+                    let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, false);
+                    let packed = pack::pack(ty, rows, cols, &w).unwrap();
+                    for isa in paths() {
+                        for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {
+                            let got = run(isa, order, ty, layout, m, rows, cols, &act, stride, n_act, false);
+                            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{isa} {ty} {order} {layout:?}, {n_act} rows of {sign}: {got:?} vs scalar {want:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 

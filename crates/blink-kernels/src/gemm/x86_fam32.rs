@@ -47,6 +47,39 @@ pub(super) trait Fam32 {
     const LUT: Option<&'static [i8; 16]> = None;
 }
 
+/// The largest magnitude of `F`'s quants as the kernel multiplies them (unsigned `q +
+/// offset`, or the table's signed values).
+const fn largest_quant<F: Fam32>() -> i32 {
+    match F::LUT {
+        Some(table) => {
+            let mut largest = 0;
+            let mut i = 0;
+            while i < table.len() {
+                largest = if (table[i] as i32).abs() > largest { (table[i] as i32).abs() } else { largest };
+                i += 1;
+            }
+            largest
+        }
+        None if F::FIELDS.bits == 8 => 128,
+        // Nibbles, and a fifth bit where the format has one.
+        None if F::FIELDS.qh.is_some() => 31,
+        None => 15,
+    }
+}
+
+/// Whether a block-order kernel adds its lanes' 16-bit pair sums before widening them
+/// (see [`tile_block`]).
+const fn pairs_first<F: Fam32, D: DotU8I8>() -> bool {
+    let (signed, _, small) = unsigned_form::<F, D>();
+    D::PAIRS && (signed || small) && i16_lanes::<F>() >= 4
+}
+
+/// How many lanes' `maddubs` pair sums can add up in 16 bits before they are widened:
+/// each pair is at most 2 · largest · 127 (activations are within ±127).
+const fn i16_lanes<F: Fam32>() -> usize {
+    (i16::MAX as i32 / (2 * largest_quant::<F>() * 127)) as usize
+}
+
 pub(super) struct Q4_0;
 pub(super) struct Q4_1;
 pub(super) struct Q5_0;
@@ -151,6 +184,20 @@ pub(super) trait DotU8I8 {
     /// Whether 8-bit formats use the sign trick ([`Fam32::SIGNED`]) rather than being
     /// made unsigned (`q + 128`) with a precomputed `−128 · Σa` per lane.
     const SIGN_TRICK: bool;
+    /// Whether a lane's sum is two steps, 16-bit pair sums ([`Self::pairs`]) and their
+    /// widening ([`Self::widen`]), so that a block-order kernel can add several lanes'
+    /// pairs before one widening.
+    const PAIRS: bool = false;
+    /// 16-bit sums of adjacent products (values below 128).
+    #[inline(always)]
+    unsafe fn pairs(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_maddubs_epi16(u, s)
+    }
+    /// Adjacent 16-bit values summed into 32-bit lanes.
+    #[inline(always)]
+    unsafe fn widen(p: __m256i) -> __m256i {
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    }
     /// Any unsigned values.
     unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
     /// Unsigned values below 128.
@@ -197,9 +244,10 @@ impl DotU8I8 for Vnni {
 impl DotU8I8 for Avx2 {
     // Unsigned bytes of 128 and more would need `dot`'s split.
     const SIGN_TRICK: bool = true;
+    const PAIRS: bool = true;
     #[inline(always)]
     unsafe fn dot_small(u: __m256i, s: __m256i) -> __m256i {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        Self::widen(Self::pairs(u, s))
     }
 
     #[inline(always)]
@@ -269,15 +317,56 @@ struct Tile {
 
 /// One tile in the `Llama` order: the eight rows of a packed group × `RA` activation rows,
 /// eight float lanes each. Writes the rows below `live`.
+///
+/// With `D::LANE_PASSES == 2` and several activation rows, the lanes go in two passes over
+/// the blocks (lanes 0..4, then 4..8), so only four accumulators per activation row are
+/// live: twice the activation rows fit in sixteen registers, and each unpacked weight lane
+/// serves all of them. Each lane's sum is its own chain either way, so the bits do not
+/// change. (A lone row keeps one pass: measured faster for decoding.)
 #[inline(always)]
-unsafe fn tile_lanes<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool>(t: Tile) {
-    let Tile { n_blocks, w, a, a_stride, scales: scales_f32, offsets, out, ld, accumulate, live, ahead } = t;
+unsafe fn tile_lanes<F: Fam32, D: DotU8I8 + Shape, const RA: usize, const L2: bool>(t: Tile) {
+    let mut acc = [[_mm256_setzero_ps(); 8]; RA];
+    let mut tail = [_mm256_setzero_ps(); RA];
+    if D::LANE_PASSES == 1 || RA == 1 {
+        lanes_pass::<F, D, RA, L2, 0, 8>(t, &mut acc, Some(&mut tail));
+    } else {
+        lanes_pass::<F, D, RA, L2, 0, 4>(t, &mut acc, None);
+        lanes_pass::<F, D, RA, false, 4, 4>(Tile { ahead: Ahead::NONE, ..t }, &mut acc, None);
+        // The minimums' products, a pass of their own (their registers would crowd the
+        // lanes'), in the same order.
+        let Tile { n_blocks, w, scales, .. } = t;
+        let (m_at, _, _) = F::FIELDS.packed_offsets();
+        if F::FIELDS.m.is_some() {
+            for b in 0..n_blocks {
+                let mw = f16x8(w.add(b * F::FIELDS.group_block() + m_at));
+                for (j, tail) in tail.iter_mut().enumerate() {
+                    *tail = _mm256_add_ps(*tail, _mm256_mul_ps(mw, _mm256_broadcast_ss(&*scales.add(2 * (j * n_blocks + b) + 1))));
+                }
+            }
+        }
+    }
+    let Tile { out, ld, accumulate, live, .. } = t;
+    for j in 0..RA {
+        // hsum8 over lanes, for eight rows at once.
+        let c = &acc[j];
+        let v = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
+            _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])),
+        );
+        store(out.add(j * ld), _mm256_add_ps(v, tail[j]), live, accumulate);
+    }
+}
+
+/// Lanes `FIRST..FIRST + COUNT` of a [`tile_lanes`] tile over every block, into `acc`, and
+/// the minimums' products into `tail` if given.
+#[inline(always)]
+unsafe fn lanes_pass<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool, const FIRST: usize, const COUNT: usize>(t: Tile, acc: &mut [[__m256; 8]; RA], mut tail: Option<&mut [__m256; RA]>) {
+    let Tile { n_blocks, w, a, a_stride, scales: scales_f32, offsets, ahead, .. } = t;
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
     let group_block = fields.group_block();
-    let has_min = fields.m.is_some();
-    let mut acc = [[_mm256_setzero_ps(); 8]; RA];
-    let mut tail = [_mm256_setzero_ps(); RA];
+    let has_min = fields.m.is_some() && tail.is_some();
+    let taken = |lane: usize| (FIRST..FIRST + COUNT).contains(&lane);
     let (signed, offset, small) = unsigned_form::<F, D>();
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
@@ -301,15 +390,20 @@ unsafe fn tile_lanes<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool>(t: T
             aq[j] = ab.add(F::ACT_QS);
             let sc = scales_f32.add(2 * (j * n_blocks + b));
             scales[j] = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*sc));
-            if has_min {
+            if let Some(tail) = tail.as_deref_mut().filter(|_| has_min) {
                 tail[j] = _mm256_add_ps(tail[j], _mm256_mul_ps(mw, _mm256_broadcast_ss(&*sc.add(1))));
             }
         }
         for l in 0..4 {
+            // Both lanes of a load, the one this pass does not take left to the compiler
+            // to drop.
             let (w_lo, w_hi) = unpack_lanes::<F>(gb, l, signed);
             let (m_lo, m_hi) = if signed { (_mm256_abs_epi8(w_lo), _mm256_abs_epi8(w_hi)) } else { (w_lo, w_hi) };
             for j in 0..RA {
                 for (lane, wv, mag) in [(l, w_lo, m_lo), (l + 4, w_hi, m_hi)] {
+                    if !taken(lane) {
+                        continue;
+                    }
                     let a4 = _mm256_set1_epi32((aq[j].add(4 * lane) as *const i32).read_unaligned());
                     if signed {
                         let sums = D::dot_small(mag, _mm256_sign_epi8(a4, wv));
@@ -336,15 +430,6 @@ unsafe fn tile_lanes<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool>(t: T
                 }
             }
         }
-    }
-    for j in 0..RA {
-        // hsum8 over lanes, for eight rows at once.
-        let c = &acc[j];
-        let v = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
-            _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])),
-        );
-        store(out.add(j * ld), _mm256_add_ps(v, tail[j]), live, accumulate);
     }
 }
 
@@ -374,18 +459,38 @@ unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool>(t: T
                 s[0] = _mm256_set1_epi32(*offsets.add(j * n_blocks + b));
             }
         }
+        // With 16-bit pair sums and small enough quants, each chain's four lanes add up
+        // as pairs and are widened once (eight lanes: the two chains together), which
+        // saves most of the widening multiplies.
+        let pairs_first = pairs_first::<F, D>();
+        let mut pairs = [[_mm256_setzero_si256(); 2]; RA];
         for l in 0..4 {
             let (w_lo, w_hi) = unpack_lanes::<F>(gb, l, signed);
             let (m_lo, m_hi) = if signed { (_mm256_abs_epi8(w_lo), _mm256_abs_epi8(w_hi)) } else { (w_lo, w_hi) };
             for j in 0..RA {
                 for (h, lane, wv, mag) in [(0, l, w_lo, m_lo), (1, l + 4, w_hi, m_hi)] {
                     let a4 = _mm256_set1_epi32((aq[j].add(4 * lane) as *const i32).read_unaligned());
+                    if pairs_first {
+                        let p = if signed { D::pairs(mag, _mm256_sign_epi8(a4, wv)) } else { D::pairs(wv, a4) };
+                        pairs[j][h] = _mm256_add_epi16(pairs[j][h], p);
+                        continue;
+                    }
                     let s = sums[j][h];
                     sums[j][h] = match (signed, small) {
                         (true, _) => D::dot_small_from(s, mag, _mm256_sign_epi8(a4, wv)),
                         (false, true) => D::dot_small_from(s, wv, a4),
                         (false, false) => D::dot_from(s, wv, a4),
                     };
+                }
+            }
+        }
+        if pairs_first {
+            for (s, p) in sums.iter_mut().zip(pairs) {
+                if i16_lanes::<F>() >= 8 {
+                    s[0] = _mm256_add_epi32(s[0], D::widen(_mm256_add_epi16(p[0], p[1])));
+                } else {
+                    s[0] = _mm256_add_epi32(s[0], D::widen(p[0]));
+                    s[1] = _mm256_add_epi32(s[1], D::widen(p[1]));
                 }
             }
         }
@@ -418,16 +523,20 @@ unsafe fn store(o: *mut f32, v: __m256, live: usize, accumulate: bool) {
     }
 }
 
-/// Activation rows per tile when there are several, in each order.
+/// Activation rows per tile when there are several, in each order, and the passes a
+/// `Llama`-order tile makes over the lanes ([`tile_lanes`]).
 pub(super) trait Shape {
+    const LANE_PASSES: usize;
     const WIDE_LANES: usize;
     const WIDE_BLOCK: usize;
+    /// The block order's, where its lanes add as pairs first ([`pairs_first`]).
+    const WIDE_BLOCK_PAIRS: usize = Self::WIDE_BLOCK;
     #[inline(always)]
-    fn wide(block: bool) -> usize {
-        if block {
-            Self::WIDE_BLOCK
-        } else {
-            Self::WIDE_LANES
+    fn wide(block: bool, pairs_first: bool) -> usize {
+        match (block, pairs_first) {
+            (true, true) => Self::WIDE_BLOCK_PAIRS,
+            (true, false) => Self::WIDE_BLOCK,
+            (false, _) => Self::WIDE_LANES,
         }
     }
 }
@@ -436,15 +545,21 @@ impl Shape for Vnni {
     // 32 vector registers. Lanes: 16 accumulators, 2 weight lanes and temporaries (three
     // rows spill: measured 52 against 74 GMAC/s). Block: three per activation row (an
     // accumulator, two integer chains), the weight lanes and temporaries.
+    const LANE_PASSES: usize = 1;
     const WIDE_LANES: usize = 2;
     const WIDE_BLOCK: usize = 4;
 }
 
 impl Shape for Avx2 {
-    // 16 vector registers. Lanes: 8 accumulators, 2 weight lanes and temporaries. Block:
-    // three per activation row, the weight lanes and temporaries (three rows spill).
-    const WIDE_LANES: usize = 1;
+    // 16 vector registers. Lanes, in two passes: 4 accumulators and a scale per activation
+    // row, a weight lane and temporaries (one pass over all eight lanes holds only one
+    // row: 8 accumulators). Block: three per activation row, the weight lanes and
+    // temporaries (three rows spill); adding 16-bit pairs first, two 16-bit sums and an
+    // accumulator per row, and three rows fit (Q4_1: 89 -> 94 GMAC/s).
+    const LANE_PASSES: usize = 2;
+    const WIDE_LANES: usize = 2;
     const WIDE_BLOCK: usize = 2;
+    const WIDE_BLOCK_PAIRS: usize = 3;
 }
 
 /// `out[r][i] (+)= w_i · a_r` for `i` in each range of `rows`, `r` in `0..n_act`. `w` is
@@ -624,7 +739,7 @@ unsafe fn groups<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(n_blocks: usiz
         // over all its tiles and blocks rather than requested all at once; past the end of
         // `rows` too, where this thread's next claimed chunk most likely starts. (A lone
         // tile is left to the hardware prefetcher: measured no better with it.)
-        let wide = D::wide(BLOCK);
+        let wide = D::wide(BLOCK, pairs_first::<F, D>());
         let next_in_matrix = (g / GROUP + 2) * group_bytes <= w.len();
         let next = if n_act > wide && next_in_matrix { wg.add(group_bytes) } else { std::ptr::null() };
         let tiles = if wide > 1 { n_act / wide + n_act % wide } else { n_act };
@@ -689,6 +804,9 @@ struct Ahead {
 const L2_FETCH_MAX_TILES: usize = 3;
 
 impl Ahead {
+    /// Nothing to fetch.
+    const NONE: Ahead = Ahead { at: std::ptr::null(), stride: 0, count: 0 };
+
     /// Tile `k`'s share (every `tiles`-th line) of the `bytes` at `next` (none if null), at
     /// most one line per block of its `n_blocks`.
     fn new(next: *const u8, bytes: usize, k: usize, tiles: usize, n_blocks: usize) -> Ahead {
