@@ -18,7 +18,7 @@ mod support;
 use support::values;
 
 fn paths() -> Vec<Isa> {
-    [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()).collect()
+    Isa::simd_supported()
 }
 
 /// A quantized `rows × cols` weight, row-major and (where the type has it) interleaved.

@@ -176,7 +176,7 @@ pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T]
     let hd = qs.len() / heads;
     assert!(keys.len() >= n * hd && values.len() >= n * hd);
     #[cfg(target_arch = "x86_64")]
-    if T::HALF && hd.is_multiple_of(16) && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
+    if T::HALF && hd.is_multiple_of(16) && isa.is_x86() {
         // SAFETY: the CPU supports the path (checked when it was chosen); T is f16 (HALF),
         // so the slices are f16 bit patterns.
         unsafe {
@@ -339,7 +339,8 @@ mod x86 {
     }
 
     /// Two heads at a time (chosen by measurement: AVX2's sixteen registers hold one
-    /// head's 64-element accumulator, but sharing the key and value rows pays for spills).
+    /// head's 64-element accumulator, but sharing the key and value rows pays for spills;
+    /// three heads, or value updates 32 elements at a time, measured 12-16% slower).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn chunked_avx2<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
         chunked::<W, 2>(q, k, v, n, scale, states, acc)
@@ -738,7 +739,7 @@ mod tests {
     }
 
     fn simd_paths() -> impl Iterator<Item = Isa> {
-        [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported())
+        Isa::simd_supported().into_iter()
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Which instruction-set path the kernels use, chosen once at start-up.
 //!
-//! Detection reads the CPU's features; `BLINK_KERNEL=scalar|avx2|avx512|neon` (or
+//! Detection reads the CPU's features; `BLINK_KERNEL=scalar|avx2|avx-vnni|avx512|neon` (or
 //! [`force`], behind the CLI's `--kernel`) overrides it, for tests and for users whose
 //! CPU misreports features. Asking for a path the CPU lacks is an error, never UB.
 
@@ -14,6 +14,9 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86-64 AVX2 with AVX-VNNI (`vpdpbusd` on 256-bit vectors, VEX-encoded: Intel from
+    /// Alder Lake, AMD from Zen 5), sixteen registers as plain AVX2.
+    AvxVnni,
     /// x86-64 AVX-512 with VNNI (used on 256-bit vectors through AVX-512VL).
     Avx512Vnni,
     /// AArch64 NEON with the dot-product extension.
@@ -25,6 +28,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avx-vnni",
             Isa::Avx512Vnni => "avx512-vnni",
             Isa::Neon => "neon",
         }
@@ -35,6 +39,7 @@ impl Isa {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Some(Isa::Scalar),
             "avx2" => Some(Isa::Avx2),
+            "avx-vnni" | "avxvnni" => Some(Isa::AvxVnni),
             "avx512" | "avx512-vnni" | "avx512vnni" => Some(Isa::Avx512Vnni),
             "neon" => Some(Isa::Neon),
             _ => None,
@@ -50,6 +55,8 @@ impl Isa {
                 is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => Isa::Avx2.supported() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => {
                 Isa::Avx2.supported()
                     && is_x86_feature_detected!("avx512f")
@@ -64,9 +71,23 @@ impl Isa {
         }
     }
 
+    /// Every SIMD path, best first.
+    pub const SIMD: [Isa; 4] = [Isa::Avx512Vnni, Isa::AvxVnni, Isa::Avx2, Isa::Neon];
+
     /// The best path this CPU supports.
     pub fn best() -> Isa {
-        [Isa::Avx512Vnni, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.supported()).unwrap_or(Isa::Scalar)
+        Isa::SIMD.into_iter().find(|i| i.supported()).unwrap_or(Isa::Scalar)
+    }
+
+    /// The SIMD paths this CPU supports, best first.
+    pub fn simd_supported() -> Vec<Isa> {
+        Isa::SIMD.into_iter().filter(|i| i.supported()).collect()
+    }
+
+    /// Whether this is an x86 path (AVX2 and up): every one runs the AVX2 + FMA + F16C
+    /// kernels where it has nothing better.
+    pub fn is_x86(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni)
     }
 }
 
@@ -81,7 +102,7 @@ static ACTIVE: OnceLock<Isa> = OnceLock::new();
 /// Why a path cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IsaError {
-    #[error("unknown kernel path '{0}' (use scalar, avx2, avx512 or neon)")]
+    #[error("unknown kernel path '{0}' (use scalar, avx2, avx-vnni, avx512 or neon)")]
     Unknown(String),
     #[error("this CPU cannot run the {0} kernels")]
     Unsupported(Isa),
@@ -223,6 +244,7 @@ mod tests {
         let f = features();
         match Isa::best() {
             Isa::Avx512Vnni => assert!(["avx2", "fma", "f16c", "avx512vnni"].iter().all(|x| f.contains(x)), "{f:?}"),
+            Isa::AvxVnni => assert!(["avx2", "fma", "f16c", "avxvnni"].iter().all(|x| f.contains(x)), "{f:?}"),
             Isa::Avx2 => assert!(["avx2", "fma", "f16c"].iter().all(|x| f.contains(x)), "{f:?}"),
             Isa::Neon => assert!(f.contains(&"dotprod"), "{f:?}"),
             Isa::Scalar => {}

@@ -40,7 +40,7 @@ pub fn gelu(x: f32, table: &[u16]) -> f32 {
 pub fn geglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
     let table = table();
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
+    if isa.is_x86() {
         // SAFETY: these paths are only chosen once the CPU has AVX2, FMA and F16C.
         return unsafe { geglu_f16c(gate, up, table) };
     }
@@ -94,7 +94,7 @@ mod tests {
         let up: Vec<f32> = (0..n).map(|i| 1.0 + (i % 13) as f32 * 0.37 - 2.0).collect();
         let mut want = x.clone();
         geglu_scalar(&mut want, &up, table());
-        for isa in [Isa::Avx512Vnni, Isa::Avx2, Isa::Neon, Isa::Scalar].into_iter().filter(|i| i.supported()) {
+        for isa in Isa::simd_supported().into_iter().chain([Isa::Scalar]) {
             let mut got = x.clone();
             geglu(isa, &mut got, &up);
             assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa}");

@@ -229,7 +229,7 @@ pub fn shrink(isa: Isa, a: &[f16], x: &[f32], t: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => unsafe { x86::shrink_avx512(a, x, t) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::shrink_avx2(a, x, t) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::shrink_avx2(a, x, t) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::shrink_neon(a, x, t),
         // SAFETY: portable widening needs no feature.
@@ -245,7 +245,7 @@ pub fn expand(isa: Isa, bt: &[f16], ld: usize, t: &[f32], scale: f32, y: &mut [f
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => unsafe { x86::expand_avx512(bt, ld, t, scale, y) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::expand_avx2(bt, ld, t, scale, y) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { x86::expand_avx2(bt, ld, t, scale, y) },
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::expand_neon(bt, ld, t, scale, y),
         // SAFETY: as in `shrink`.
@@ -284,7 +284,7 @@ mod tests {
         }
         // Every path's wide conversion, through a shrink against unit vectors: each lane
         // sum is the one weight times 1.0 plus zeros.
-        for isa in [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
+        for isa in Isa::simd_supported() {
             for chunk in all.chunks_exact(LANES) {
                 for k in 0..LANES {
                     let mut x = [0f32; LANES];
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn every_path_gives_the_scalar_bits() {
-        let paths: Vec<Isa> = [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()).collect();
+        let paths = Isa::simd_supported();
         for (cols, rank, n) in [(576, 8, 576), (1536, 8, 192), (41, 3, 23), (64, 16, 1), (8, 1, 15)] {
             let (a, x) = (weights(rank * cols, 6), values(cols, 7));
             let (bt, y0) = (weights(rank * (n + 3), 8), values(n, 9));

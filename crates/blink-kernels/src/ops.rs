@@ -91,7 +91,7 @@ mod fma {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn x86_fma(isa: Isa) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+    isa.is_x86()
 }
 
 /// RMS norm of `x` into `out`, scaled by `weight`.
@@ -273,7 +273,7 @@ mod tests {
             x[(k * 7 + 5) % len] = -v;
         }
         let up: Vec<f32> = (0..x.len()).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
-        for isa in [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
+        for isa in Isa::simd_supported() {
             let (mut a, mut b) = (x.clone(), x.clone());
             swiglu(Isa::Scalar, &mut a, &up);
             swiglu(isa, &mut b, &up);
@@ -284,7 +284,7 @@ mod tests {
 
     #[test]
     fn fast_paths_equal_the_scalar_bodies() {
-        for isa in [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
+        for isa in Isa::simd_supported() {
             for n in [64usize, 576, 1536, 100] {
                 let x = row(n, n as u32);
                 let w = row(n, 7);
@@ -326,7 +326,7 @@ mod tests {
         let n = 576;
         let rows: Vec<Vec<f32>> = (0..4).map(|r| row(n, 11 + r)).collect();
         let w = row(n, 7);
-        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
+        for isa in std::iter::once(Isa::Scalar).chain(Isa::simd_supported()) {
             let mut together = vec![vec![0f32; n]; 4];
             let [o0, o1, o2, o3] = &mut together[..] else { unreachable!() };
             rms_norm_rows(isa, [&rows[0][..], &rows[1], &rows[2], &rows[3]], &w, 1e-5, [&mut o0[..], o1, o2, o3]);
@@ -348,7 +348,7 @@ mod tests {
         // Each block's extreme is 127, so the multiplier is exactly 1 and the half-integer
         // values are real ties (`row` above rarely produces any).
         let x: Vec<f32> = (0..256).map(|i| if i % 32 == 5 { 127.0 } else { (i % 32) as f32 - 15.5 }).collect();
-        for isa in [Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()) {
+        for isa in Isa::simd_supported() {
             for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
                 let bytes = ty.row_bytes(x.len() as u64).unwrap() as usize;
                 let (mut q1, mut q2) = (vec![0u8; bytes], vec![0u8; bytes]);

@@ -123,11 +123,10 @@ fn run_grouped(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8]
 }
 
 fn paths() -> Vec<Isa> {
-    let all = [Isa::Avx512Vnni, Isa::Avx2, Isa::Neon];
-    for isa in all.iter().filter(|i| !i.supported()) {
+    for isa in Isa::SIMD.iter().filter(|i| !i.supported()) {
         eprintln!("note: this CPU has no {isa} path; not exercised here");
     }
-    all.into_iter().filter(|i| i.supported()).collect()
+    Isa::simd_supported()
 }
 
 proptest! {

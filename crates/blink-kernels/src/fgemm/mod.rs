@@ -105,7 +105,7 @@ fn micro_rows(isa: Isa) -> usize {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => x86::MR_512,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::MR_256,
+        Isa::Avx2 | Isa::AvxVnni => x86::MR_256,
         _ => 0,
     }
 }
@@ -202,7 +202,7 @@ pub(crate) struct Rows {
 #[allow(clippy::too_many_arguments)]
 fn pack_a(isa: Isa, a: &[f32], lda: usize, m: usize, k0: usize, kc: usize, mr: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
+    if isa.is_x86() {
         assert!(out.len() >= m * kc && (m - 1) * lda + k0 + kc <= a.len());
         // SAFETY: the path's features are the CPU's; the bounds are checked above.
         unsafe { fill_x86::pack_a(a.as_ptr(), lda, m, k0, kc, mr, out.as_mut_ptr()) };
@@ -230,7 +230,7 @@ unsafe fn run_panel(isa: Isa, rows: &Rows, b: *const f32, ldb: usize, c: OutF32,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => x86::rows_avx512(&tile, rows.m),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::rows_avx2(&tile, rows.m),
+        Isa::Avx2 | Isa::AvxVnni => x86::rows_avx2(&tile, rows.m),
         _ => {
             debug_assert!(!tile.packed, "only the SIMD kernels read packed A");
             scalar_rows(&tile, rows.m)

@@ -50,7 +50,7 @@ impl Weight {
 }
 
 fn paths() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon].into_iter().filter(|i| i.supported()).collect()
+    std::iter::once(Isa::Scalar).chain(Isa::simd_supported()).collect()
 }
 
 /// `C` over `m` rows for `b`, computed by `isa` in `splits` column ranges.

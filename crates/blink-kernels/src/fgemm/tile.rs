@@ -65,7 +65,7 @@ fn dequantize_segment(w: &MatRef, row: usize, blocks: Range<usize>, out: &mut [f
 /// Whether `isa` fills panels with the AVX2 code (every x86 SIMD path has AVX2, FMA, F16C).
 #[cfg(target_arch = "x86_64")]
 fn simd(isa: Isa) -> bool {
-    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+    isa.is_x86()
 }
 
 /// Rows `ks` of `W` over columns `js` into panel-major `tile`: the panel of columns

@@ -123,7 +123,7 @@ pub(crate) unsafe fn store_live(o: *mut f32, vals: &[f32], live: usize, accumula
 /// file's row-major layout.
 pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8>> {
     match isa {
-        Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon => pack::pack(ty, rows, cols, src),
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon => pack::pack(ty, rows, cols, src),
         Isa::Scalar => None,
     }
 }
@@ -133,7 +133,7 @@ pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> 
 /// window that is streamed is then left in the file's map.
 pub fn reads_row_major(isa: Isa, ty: GgmlType) -> bool {
     match isa {
-        Isa::Avx2 | Isa::Avx512Vnni | Isa::Scalar => true,
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Scalar => true,
         Isa::Neon => Fields::of(ty).is_none(),
     }
 }
@@ -141,7 +141,7 @@ pub fn reads_row_major(isa: Isa, ty: GgmlType) -> bool {
 /// Bytes of the layout `isa`'s kernels want for `ty`, when that is not row-major.
 pub fn prepared_len(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
     match isa {
-        Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon => pack::packed_len(ty, rows, cols),
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon => pack::packed_len(ty, rows, cols),
         Isa::Scalar => None,
     }
 }
@@ -150,7 +150,7 @@ pub fn prepared_len(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> Option<
 /// place (a streamed window of a ring); `false` when `ty` stays row-major.
 pub fn prepare_into(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
     match isa {
-        Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon => pack::pack_into(ty, rows, cols, src, out),
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon => pack::pack_into(ty, rows, cols, src, out),
         Isa::Scalar => false,
     }
 }
@@ -182,6 +182,7 @@ pub unsafe fn product(isa: Isa, order: DotOrder, w: &MatRef, act: &ActRows, rows
         let done = match isa {
             Isa::Avx512Vnni => x86_fam32::gemm_vnni(order, ty, layout, cols, bytes, &mut rows, a, stride, count, out),
             Isa::Avx2 => x86_fam32::gemm_avx2(order, ty, layout, cols, bytes, &mut rows, a, stride, count, out),
+            Isa::AvxVnni => x86_fam32::gemm_avx_vnni(order, ty, layout, cols, bytes, &mut rows, a, stride, count, out),
             _ => false,
         };
         if done {
@@ -217,6 +218,10 @@ unsafe fn product_range(isa: Isa, order: DotOrder, m: &MatRef, a: &ActRows, rows
             }
             Isa::Avx2 => {
                 x86_kquant::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out)
+                    || x86_float::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
+            }
+            Isa::AvxVnni => {
+                x86_kquant::gemm_avx_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out)
                     || x86_float::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
             }
             _ => false,
@@ -290,6 +295,7 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
     }
     let ints = match isa {
         Isa::Avx512Vnni => "vpdpbusd",
+        Isa::AvxVnni => "vpdpbusd (AVX-VNNI)",
         Isa::Avx2 => "vpmaddubsw + vpmaddwd",
         _ => "sdot",
     };
@@ -316,6 +322,7 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
             };
             let ints = match isa {
                 Isa::Avx512Vnni => "vpmaddubsw + vpdpwssd",
+                Isa::AvxVnni => "vpmaddubsw + vpdpwssd (AVX-VNNI)",
                 Isa::Avx2 => "vpmaddubsw + vpmaddwd",
                 _ => "sdot",
             };

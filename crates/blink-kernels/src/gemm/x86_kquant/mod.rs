@@ -1,4 +1,4 @@
-//! AVX2 / AVX-512-VNNI kernels for the k-quants (`Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`),
+//! AVX2 / AVX-VNNI / AVX-512-VNNI kernels for the k-quants (`Q2_K`, `Q3_K`, `Q4_K`, `Q5_K`, `Q6_K`),
 //! `IQ4_XS`, the ternary `TQ1_0`, `TQ2_0` and the lattice formats (`IQ2_XXS`, `IQ2_XS`,
 //! `IQ2_S`, `IQ3_XXS`, `IQ3_S`) against `Q8_K` activations, over row-major weights.
 //!
@@ -7,10 +7,11 @@
 //! `bsums`), turns them into one `f32` block value with a few multiplications, and adds
 //! that to a running sum; `Q4_K` and `Q6_K` follow llama.cpp's x86 kernels instead (two
 //! FMA chains, per super-block or per 64 elements for a row of a group of four; eight float
-//! lanes per output, summed at the end). Here the integer sums come from `maddubs` (unsigned weight ×
-//! signed activation bytes, exact for quants below 64) followed by `madd` (AVX2) or
-//! `dpwssd` (VNNI) with the group scales. A tile (one weight row × up to eight activation
-//! rows, or eight weight rows × one activation row) keeps one eight-lane `i32` vector per
+//! lanes per output, summed at the end). Here the integer sums come from `maddubs`
+//! (unsigned weight × signed activation bytes, exact for quants below 64) followed by
+//! `madd` (AVX2) or `dpwssd` (AVX-512 VNNI or AVX-VNNI) with the group scales. A tile (one
+//! weight row × up to eight activation rows, or eight weight rows × one activation row)
+//! keeps one eight-lane `i32` vector per
 //! output; after each block the tile's outputs are reduced into the lanes of one vector (an
 //! `hadd` tree), and the block's float operations run on those lanes in exactly the scalar
 //! order. Every output therefore gets the scalar bits, whatever the tile shape or batch.
@@ -51,11 +52,20 @@ trait Mac {
 struct Avx2;
 /// VNNI `vpdpwssd`.
 struct Vnni;
+/// AVX-VNNI's `vpdpwssd` (VEX-encoded).
+struct AvxVnni;
 
 impl Mac for Avx2 {
     #[inline(always)]
     unsafe fn mac(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
         _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
+    }
+}
+
+impl Mac for AvxVnni {
+    #[inline(always)]
+    unsafe fn mac(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpwssd_avx_epi32(acc, p, s)
     }
 }
 
@@ -607,3 +617,4 @@ macro_rules! dispatch {
 
 dispatch!(gemm_vnni, Vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", 8, 8);
 dispatch!(gemm_avx2, Avx2, "avx2,fma,f16c", 8, 8);
+dispatch!(gemm_avx_vnni, AvxVnni, "avx2,fma,f16c,avxvnni", 8, 8);

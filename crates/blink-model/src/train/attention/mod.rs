@@ -217,7 +217,7 @@ impl Path {
         #[cfg(target_arch = "x86_64")]
         match blink_kernels::cpu::active() {
             blink_kernels::cpu::Isa::Avx512Vnni => return Path::Avx512,
-            blink_kernels::cpu::Isa::Avx2 => return Path::Avx2,
+            blink_kernels::cpu::Isa::Avx2 | blink_kernels::cpu::Isa::AvxVnni => return Path::Avx2,
             _ => {}
         }
         Path::Portable
