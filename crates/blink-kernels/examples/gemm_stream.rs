@@ -4,7 +4,7 @@
 //! `cargo run --release -p blink-kernels --example gemm_stream`; `COLS=1536` changes the
 //! matrices' width (default 576), `ACTS=1,4,16` the activation row counts (default 1,16),
 //! `ROW_MAJOR=1` leaves the matrices as the file has them (packed a group at a time on the
-//! fly).
+//! fly), `TYPES=Q5_0,Q4_0` times one in-cache matrix of each of those types instead.
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out};
@@ -22,12 +22,12 @@ fn main() {
     let cols: usize = env("COLS").map_or(576, |v| v.parse().expect("COLS: a number of columns"));
     assert!(cols.is_multiple_of(32), "COLS: a multiple of 32");
     let acts: Vec<usize> = env("ACTS").map_or(vec![1, 16], |v| v.split(',').map(|n| n.parse().expect("ACTS: counts like 1,4,16")).collect());
-    for (ty, rows, copies) in [
-        (GgmlType::Q4_1, 1536, 1),
-        (GgmlType::Q4_1, 1536, 100),
-        (GgmlType::Q8_0, 1536, 1),
-        (GgmlType::Q8_0, 49152, 1),
-    ] {
+    let cases = match env("TYPES") {
+        // One in-cache matrix of each named type.
+        Some(names) => names.split(',').map(|n| (GgmlType::ALL.into_iter().find(|t| t.name() == n).unwrap_or_else(|| panic!("TYPES: unknown type {n}")), 1536, 1)).collect(),
+        None => vec![(GgmlType::Q4_1, 1536, 1), (GgmlType::Q4_1, 1536, 100), (GgmlType::Q8_0, 1536, 1), (GgmlType::Q8_0, 49152, 1)],
+    };
+    for (ty, rows, copies) in cases {
         let mut w = vec![0u8; ty.row_bytes((rows * cols) as u64).unwrap() as usize];
         quantize_weights(ty, &values(rows * cols, 1), &mut w).unwrap();
         let row_major = env("ROW_MAJOR").is_some();

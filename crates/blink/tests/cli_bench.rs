@@ -1,7 +1,7 @@
 //! `blink bench` on the real model: one result per (depth, test, batch), in the table and
 //! in the JSON, each a measured speed, with the threads that ran it; with `--lora N`, a
 //! second result per test with its sequences spread over N random adapters, related to
-//! the base result.
+//! the base result. Above the table, the route each matrix type's products take.
 
 mod support;
 
@@ -36,6 +36,11 @@ fn bench_reports_every_test_at_every_depth() {
     let text = stdout(&out);
     let names: Vec<&str> = text.lines().filter(|l| l.starts_with("| pp") || l.starts_with("| tg")).map(|l| l.split('|').nth(1).unwrap().trim()).collect();
     assert_eq!(names, ["pp8", "tg4", "tg4", "pp8 @ d20", "tg4 @ d20", "tg4 @ d20"], "{text}");
+    // Above the table, the route each matrix type's products took (the default model
+    // holds Q4_1 matrices and a Q8_0 embedding).
+    let routes: Vec<&str> = text.lines().filter(|l| l.starts_with("route ")).collect();
+    assert_eq!(routes.len(), 2, "{text}");
+    assert!(routes[0].starts_with("route Q4_1: ") && routes[1].starts_with("route Q8_0: "), "{text}");
 }
 
 #[test]

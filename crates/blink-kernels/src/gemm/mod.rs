@@ -303,12 +303,15 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
         F32 | F16 | BF16 => "row-major, f32 FMA in ggml's order".into(),
         _ if Fields::of(ty).is_some() => {
             let layout = if isa == Isa::Neon { "repacked 8-row groups" } else { "8-row groups (repacked, or packed on the fly from a mapped window)" };
+            // x86's int8 route (`x86_fam32::int8_route`).
+            let int8 = isa.is_x86() && matches!(ty, Q5_0 | Q5_1) && (order == DotOrder::Llama || isa != Isa::Avx512Vnni);
+            let batches = if int8 { "; batches of 4+ rows: each group converted to int8 once" } else { "" };
             let order = match ty {
                 Q4_0 | IQ4_NL | MXFP4 => "block order (llama.cpp's repacked kernel)",
                 _ if order == DotOrder::Llama => "llama.cpp's lane order",
                 _ => "block order",
             };
-            format!("{layout}, {ints}, {order}")
+            format!("{layout}, {ints}, {order}{batches}")
         }
         IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S => {
             let batch = if isa == Isa::Neon { "" } else { "; batches of 8+ rows decode each block once" };

@@ -161,12 +161,9 @@ pub fn main(args: Args) -> CliResult {
     let (isa, order) = (blink_kernels::cpu::active(), blink_kernels::order::active());
     outln!("kernel path:     {isa} (best on this CPU: {})", blink_kernels::cpu::Isa::best())?;
     outln!("dot order:       {order}")?;
-    let mut matrix_types: Vec<_> = file.tensors().iter().filter(|t| t.dims.len() >= 2).map(|t| t.ty).collect();
-    matrix_types.sort_by_key(|t| t.id());
-    matrix_types.dedup();
-    for (i, ty) in matrix_types.iter().enumerate() {
+    for (i, (ty, route)) in routes(file).iter().enumerate() {
         let head = if i == 0 { "routes:" } else { "" };
-        outln!("{head:<17}{ty}: {}", blink_kernels::gemm::route(isa, order, *ty))?;
+        outln!("{head:<17}{ty}: {route}")?;
     }
     let topology = blink_runtime::numa::Topology::detect();
     outln!("numa topology:   {} node(s)", topology.n_nodes())?;
@@ -214,4 +211,14 @@ fn describe_adapters(args: &crate::lora_args::LoraArgs, m: &blink_model::Model) 
 
 fn id_or_none(id: Option<u32>) -> String {
     id.map_or_else(|| "none".to_string(), |id| id.to_string())
+}
+
+/// Each matrix type in `file` (in type order) and the route its products take on the
+/// active kernel path and dot order.
+pub(crate) fn routes(file: &blink_gguf::GgufFile) -> Vec<(blink_gguf::GgmlType, String)> {
+    let (isa, order) = (blink_kernels::cpu::active(), blink_kernels::order::active());
+    let mut types: Vec<_> = file.tensors().iter().filter(|t| t.dims.len() >= 2).map(|t| t.ty).collect();
+    types.sort_by_key(|t| t.id());
+    types.dedup();
+    types.into_iter().map(|ty| (ty, blink_kernels::gemm::route(isa, order, ty))).collect()
 }

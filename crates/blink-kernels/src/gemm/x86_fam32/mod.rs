@@ -49,11 +49,75 @@ pub(super) trait Fam32 {
     /// multiplies (one in-lane shuffle per vector); such formats have one order, the block
     /// order.
     const LUT: Option<&'static [i8; 16]> = None;
+    /// 8-bit quants are stored as the unsigned bytes the kernel multiplies (the int8
+    /// route's [`Bytes`]), not as signed values.
+    const STORED_UNSIGNED: bool = false;
+    /// The largest magnitude of the quants as the kernel multiplies them.
+    const LARGEST: i32 = largest_quant::<Self>();
+}
+
+/// `F`'s quants unpacked to a byte each (`q + offset`, as the kernel multiplies them) with
+/// `F`'s scales: the layout of an 8-bit format. The int8 route converts a weight group into
+/// it once per product ([`to_bytes`]), and every tile of the batch then loads its lanes
+/// as they are, with no unpacking.
+struct Bytes<F>(std::marker::PhantomData<F>);
+
+impl<F: Fam32> Fam32 for Bytes<F> {
+    const FIELDS: Fields = {
+        let head = F::FIELDS.scale + if F::FIELDS.m.is_some() { 2 } else { 0 };
+        let m = if F::FIELDS.m.is_some() { Some(F::FIELDS.scale) } else { None };
+        Fields { block: head + 32, scale: F::FIELDS.scale, m, qh: None, qs: head, bits: 8 }
+    };
+    const ACT_BYTES: usize = F::ACT_BYTES;
+    const ACT_QS: usize = F::ACT_QS;
+    const OFFSET: i32 = F::OFFSET;
+    const SMALL: bool = F::SMALL;
+    const STORED_UNSIGNED: bool = true;
+    const LARGEST: i32 = F::LARGEST;
+}
+
+/// Whether batches of `F` take the int8 route on `D` in the given order: the formats with
+/// fifth bits, whose unpacking (a shuffle, a compare and three logic operations per two
+/// lanes) costs more than the tiles' products on plain AVX2 (`Q5_0`, 16 rows: llama order
+/// 31 -> 47 GMAC/s, block order 61 -> 82) and in AVX-512's llama order (53 -> 74). Nibbles
+/// alone unpack in one or two operations, less than the conversion's loads and stores
+/// cost (`Q4_1` 140 -> 114 in AVX-512's block order), and AVX-512's block order gains
+/// nothing on `Q5_0` either.
+const fn int8_route<F: Fam32, D: Shape>(block: bool) -> bool {
+    F::FIELDS.qh.is_some() && F::LUT.is_none() && (!block || D::INT8_IN_BLOCK_ORDER)
+}
+
+/// Activation rows from which a product takes the int8 route: the conversion costs about
+/// one tile's unpacking.
+const INT8_MIN_ROWS: usize = 4;
+
+/// The packed group at `src` (`n_blocks` group-blocks of `F`) as [`Bytes<F>`] in `dst`,
+/// prefetching the `ahead_bytes` at `ahead` meanwhile.
+#[inline(always)]
+unsafe fn to_bytes<F: Fam32>(n_blocks: usize, src: *const u8, dst: &mut Vec<u8>, ahead: *const u8, ahead_bytes: usize) {
+    let (from, to) = (F::FIELDS, Bytes::<F>::FIELDS);
+    dst.resize(n_blocks * to.group_block(), 0);
+    let (_, _, qs_at) = to.packed_offsets();
+    let lines = ahead_bytes.div_ceil(64);
+    let per_block = lines.div_ceil(n_blocks);
+    for b in 0..n_blocks {
+        for line in b * per_block..((b + 1) * per_block).min(lines) {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.add(64 * line) as *const i8);
+        }
+        let (gb, out) = (src.add(b * from.group_block()), dst.as_mut_ptr().add(b * to.group_block()));
+        // The scales and minimums, as they are.
+        std::ptr::copy_nonoverlapping(gb, out, qs_at);
+        for l in 0..4 {
+            let (lo, hi) = tiles::unpack_lanes::<F>(gb, l, false);
+            _mm256_storeu_si256(out.add(qs_at + 32 * l) as *mut __m256i, lo);
+            _mm256_storeu_si256(out.add(qs_at + 32 * (l + 4)) as *mut __m256i, hi);
+        }
+    }
 }
 
 /// The largest magnitude of `F`'s quants as the kernel multiplies them (unsigned `q +
 /// offset`, or the table's signed values).
-const fn largest_quant<F: Fam32>() -> i32 {
+const fn largest_quant<F: Fam32 + ?Sized>() -> i32 {
     match F::LUT {
         Some(table) => {
             let mut largest = 0;
@@ -81,7 +145,7 @@ const fn pairs_first<F: Fam32, D: DotU8I8>() -> bool {
 /// How many lanes' `maddubs` pair sums can add up in 16 bits before they are widened:
 /// each pair is at most 2 · largest · 127 (activations are within ±127).
 const fn i16_lanes<F: Fam32>() -> usize {
-    (i16::MAX as i32 / (2 * largest_quant::<F>() * 127)) as usize
+    (i16::MAX as i32 / (2 * F::LARGEST * 127)) as usize
 }
 
 pub(super) struct Q4_0;
@@ -255,6 +319,8 @@ pub(super) trait Shape {
     const WIDE_BLOCK: usize;
     /// The block order's, where its lanes add as pairs first ([`pairs_first`]).
     const WIDE_BLOCK_PAIRS: usize = Self::WIDE_BLOCK;
+    /// Whether the block order takes the int8 route ([`int8_route`]).
+    const INT8_IN_BLOCK_ORDER: bool = true;
     #[inline(always)]
     fn wide(block: bool, pairs_first: bool) -> usize {
         match (block, pairs_first) {
@@ -272,6 +338,7 @@ impl Shape for Vnni {
     const LANE_PASSES: usize = 1;
     const WIDE_LANES: usize = 2;
     const WIDE_BLOCK: usize = 4;
+    const INT8_IN_BLOCK_ORDER: bool = false;
 }
 
 // AVX2's sixteen registers with Vnni's products: the lanes in two passes of two rows,
@@ -353,6 +420,10 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
         group = GROUP_BUF.take();
         group.resize(group_bytes, 0);
     }
+    // The int8 route: each group converted once, its tiles then load bytes.
+    let int8 = int8_route::<F, D>(BLOCK) && n_act >= INT8_MIN_ROWS;
+    let mut bytes = if int8 { BYTES_BUF.take() } else { Vec::new() };
+    let bytes_group = n_blocks * Bytes::<F>::FIELDS.group_block();
     for rows in std::iter::once(first).chain(rows) {
         if ROW_MAJOR {
             let row_bytes = n_blocks * F::FIELDS.block;
@@ -372,16 +443,37 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
                     pack_group(&F::FIELDS, cols, w, g..g + live, &mut group);
                 }
                 let out = Out { ptr: out.ptr.add(g), ..out };
-                groups::<F, D, BLOCK>(n_blocks, group_bytes, &group, 0..live, act, act_stride, n_act, &scales, &offsets, out);
+                if int8 {
+                    to_bytes::<F>(n_blocks, group.as_ptr(), &mut bytes, std::ptr::null(), 0);
+                    groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, &scales, &offsets, out);
+                } else {
+                    groups::<F, D, BLOCK>(n_blocks, group_bytes, &group, 0..live, act, act_stride, n_act, &scales, &offsets, out);
+                }
             }
             continue;
         }
         assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
         assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
+        if int8 {
+            for g in rows.clone().step_by(GROUP) {
+                let live = (rows.end - g).min(GROUP);
+                let at = g / GROUP * group_bytes;
+                // The next group (this thread's next chunk most likely starts there too) is
+                // asked for while this one converts.
+                let next = (at + group_bytes).min(w.len())..(at + 2 * group_bytes).min(w.len());
+                to_bytes::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, w.as_ptr().add(next.start), next.len());
+                let out = Out { ptr: out.ptr.add(g), ..out };
+                groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, &scales, &offsets, out);
+            }
+            continue;
+        }
         groups::<F, D, BLOCK>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, &offsets, out);
     }
     if ROW_MAJOR {
         GROUP_BUF.set(group);
+    }
+    if int8 {
+        BYTES_BUF.set(bytes);
     }
     ACT_SCALES.set(scales);
     ACT_OFFSETS.set(offsets);
@@ -463,6 +555,8 @@ thread_local! {
     static ACT_OFFSETS: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
     /// One weight group packed on the fly from a row-major matrix; likewise reused.
     static GROUP_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    /// One weight group converted for the int8 route ([`Bytes`]); likewise reused.
+    static BYTES_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// The tiles of every weight group in `rows`.

@@ -22,14 +22,14 @@ unsafe fn fifth_bits(qh: *const u8) -> __m256i {
 /// Lanes `l` and `l + 4` of eight rows as unsigned bytes (`q + offset`), or as signed
 /// bytes for `SIGNED` formats when `signed`.
 #[inline(always)]
-unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize, signed: bool) -> (__m256i, __m256i) {
+pub(super) unsafe fn unpack_lanes<F: Fam32>(gb: *const u8, l: usize, signed: bool) -> (__m256i, __m256i) {
     let (_, qh_at, qs_at) = F::FIELDS.packed_offsets();
     if F::FIELDS.bits == 8 {
         // Signed, as stored (see `Fam32::SIGNED`), or made unsigned (`q + 128`) by
         // flipping the sign bit.
         let lo = _mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i);
         let hi = _mm256_loadu_si256(gb.add(qs_at + 32 * (l + 4)) as *const __m256i);
-        if signed {
+        if signed || F::STORED_UNSIGNED {
             return (lo, hi);
         }
         let flip = _mm256_set1_epi8(i8::MIN);

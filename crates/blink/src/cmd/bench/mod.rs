@@ -124,6 +124,9 @@ pub fn main(args: Args) -> CliResult {
             numa_label(model),
             args.reps.max(1)
         )?;
+        for (ty, route) in super::info::routes(model.file()) {
+            outln!("route {ty}: {route}")?;
+        }
         if let Some(a) = &first_adapters {
             outln!("{}", a.describe())?;
         }
