@@ -4,7 +4,9 @@
 //! `cargo run --release -p blink-kernels --example gemm_stream`; `COLS=1536` changes the
 //! matrices' width (default 576), `ACTS=1,4,16` the activation row counts (default 1,16),
 //! `ROW_MAJOR=1` leaves the matrices as the file has them (packed a group at a time on the
-//! fly), `TYPES=Q5_0,Q4_0` times one in-cache matrix of each of those types instead.
+//! fly), `TYPES=Q5_0,Q4_0` times one in-cache matrix of each of those types instead,
+//! `L2_KIB=512` sizes the activation panels for that L2 instead of this CPU's (a huge one:
+//! no panels).
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out};
@@ -21,6 +23,10 @@ fn main() {
     let env = |name: &str| std::env::var(name).ok();
     let cols: usize = env("COLS").map_or(576, |v| v.parse().expect("COLS: a number of columns"));
     assert!(cols.is_multiple_of(32), "COLS: a multiple of 32");
+    if let Some(kib) = env("L2_KIB") {
+        blink_kernels::gemm::tiling::set_l2_bytes(kib.parse::<usize>().expect("L2_KIB: a number of KiB") << 10);
+    }
+    println!("activation panels sized for {} KiB of L2", blink_kernels::gemm::tiling::l2_bytes() >> 10);
     let acts: Vec<usize> = env("ACTS").map_or(vec![1, 16], |v| v.split(',').map(|n| n.parse().expect("ACTS: counts like 1,4,16")).collect());
     let cases = match env("TYPES") {
         // One in-cache matrix of each named type.

@@ -4,7 +4,7 @@
 
 use blink_gguf::GgmlType;
 use blink_kernels::cpu::Isa;
-use blink_kernels::gemm::{pack, product, ActRows, Layout, MatRef, Out, ROW_ALIGN};
+use blink_kernels::gemm::{pack, product, tiling, ActRows, Layout, MatRef, Out, ROW_ALIGN};
 use blink_kernels::order::DotOrder;
 use blink_kernels::quant::{quantize_row, WeightType};
 use proptest::prelude::*;
@@ -159,6 +159,54 @@ proptest! {
             prop_assert!(same(&got), "{isa} {ty} {order} row-major: {:?} vs scalar {:?}", got, want);
         }
     }
+}
+
+/// Many activation rows against a tiny L2: the rows go in panels of 12 (and a short last
+/// one), and every result is still the scalar definition's, in every order and layout.
+/// (Other tests running meanwhile see the small panels too; their results cannot change.)
+#[test]
+fn activation_panels_do_not_change_results() {
+    let before = tiling::l2_bytes();
+    tiling::set_l2_bytes(1 << 10);
+    let (rows, cols, n_act) = (19, 96, 41);
+    assert_eq!(tiling::panel_rows(108, tiling::l2_bytes()), tiling::MIN_PANEL_ROWS);
+    for (i, &ty) in TYPES.iter().enumerate() {
+        let w = random_weights(ty, rows, cols, 7 + i as u64);
+        let act_ty = ty.activation_type();
+        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
+        let mut act = vec![0u8; n_act * stride];
+        for r in 0..n_act {
+            quantize_row(act_ty, &random_values(cols, 100 + r as u64), &mut act[r * stride..(r + 1) * stride]);
+        }
+        let packed = pack::pack(ty, rows, cols, &w).unwrap();
+        for order in [DotOrder::Llama, DotOrder::Block] {
+            let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, true);
+            for isa in paths() {
+                for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {
+                    let got = run(isa, order, ty, layout, m, rows, cols, &act, stride, n_act, true);
+                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty} {order} {layout:?}");
+                }
+            }
+        }
+    }
+    // The k-quants' row-major kernels, 256-column rows.
+    let cols = 256;
+    for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K].into_iter().enumerate() {
+        let w = random_row_major(ty, rows, cols, 70 + i as u64);
+        let act_ty = ty.activation_type();
+        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
+        let mut act = vec![0u8; n_act * stride];
+        for r in 0..n_act {
+            quantize_row(act_ty, &random_values(cols, 200 + r as u64), &mut act[r * stride..(r + 1) * stride]);
+        }
+        let grouped: Vec<bool> = (0..n_act).map(|r| r % 3 == 0).collect();
+        let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
+        for isa in paths() {
+            let got = run_grouped(isa, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty}");
+        }
+    }
+    tiling::set_l2_bytes(before);
 }
 
 /// The largest sums a kernel can meet: every quant at its largest magnitude against

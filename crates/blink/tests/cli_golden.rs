@@ -112,6 +112,22 @@ fn info_describes_the_model() {
     for needle in ["architecture:    llama", "layers:          30", "Q4_1", "gpt2", "smollm", "heads:           9 query, 3 key/value", "cpu features:", "routes:          Q4_1: ", "Q8_0: "] {
         assert!(text.contains(needle), "info lacks {needle:?}:\n{text}");
     }
+    // Activation panels sized from the L2 that the caches line reports (divided among the
+    // CPUs sharing it): the most rows of 576 Q8_1 columns (648 bytes) in half of it, in
+    // twelves.
+    let tiling = text.lines().find(|l| l.starts_with("tiling:")).unwrap_or_else(|| panic!("no tiling line:\n{text}"));
+    let number_before = |line: &str, tail: &str| -> usize {
+        let head = &line[..line.find(tail).unwrap_or_else(|| panic!("{tail:?} not in {line:?}"))];
+        head.rsplit(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    let l2_kib = number_before(tiling, " KiB per core");
+    if let Some(caches) = text.lines().find(|l| l.starts_with("caches:")) {
+        let l2 = &caches[caches.find("L2 ").unwrap()..];
+        let shared = number_before(l2, ")");
+        assert_eq!(l2_kib, number_before(l2, " KiB") / shared, "{caches}\n{tiling}");
+    }
+    let rows = number_before(tiling, " rows of 576 columns");
+    assert!(rows % 12 == 0 && rows * 648 <= l2_kib * 512 && (rows + 12) * 648 > l2_kib * 512, "{tiling}");
     // The routes of another path and order.
     let out = blink(&["info", "-m", model.to_str().unwrap(), "--kernel", "scalar", "--dot-order", "block"]);
     ok(&out);

@@ -21,6 +21,7 @@ mod neon_fam32;
 #[cfg(target_arch = "aarch64")]
 mod neon_rowmajor;
 pub mod pack;
+pub mod tiling;
 #[cfg(target_arch = "x86_64")]
 mod x86_fam32;
 #[cfg(target_arch = "x86_64")]

@@ -165,6 +165,7 @@ pub fn main(args: Args) -> CliResult {
         let head = if i == 0 { "routes:" } else { "" };
         outln!("{head:<17}{ty}: {route}")?;
     }
+    outln!("tiling:          {}", tiling(file, &[cfg.n_embd, cfg.n_ff]))?;
     let topology = blink_runtime::numa::Topology::detect();
     outln!("numa topology:   {} node(s)", topology.n_nodes())?;
     for line in topology.to_string().lines() {
@@ -211,6 +212,20 @@ fn describe_adapters(args: &crate::lora_args::LoraArgs, m: &blink_model::Model) 
 
 fn id_or_none(id: Option<u32>) -> String {
     id.map_or_else(|| "none".to_string(), |id| id.to_string())
+}
+
+/// How the products cut their activation rows into panels for this CPU's L2, for inputs
+/// of each of `widths` columns in the activation format of `file`'s first matrix type.
+pub(crate) fn tiling(file: &blink_gguf::GgufFile, widths: &[usize]) -> String {
+    use blink_kernels::gemm::tiling;
+    use blink_kernels::quant::WeightType;
+    let l2 = tiling::l2_bytes();
+    let act = routes(file).first().map_or(blink_gguf::GgmlType::Q8_0, |(ty, _)| ty.activation_type());
+    let panels: Vec<String> = widths
+        .iter()
+        .filter_map(|&w| act.row_bytes(w as u64).map(|b| format!("{} rows of {w} columns", tiling::panel_rows(b as usize, l2))))
+        .collect();
+    format!("activation rows in panels of at most half the L2 ({} KiB per core): {}", l2 >> 10, panels.join(", "))
 }
 
 /// Each matrix type in `file` (in type order) and the route its products take on the

@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::pack::{pack_group, Fields, GROUP};
+use super::tiling;
 use super::Layout;
 use super::Out;
 use crate::order::DotOrder;
@@ -424,50 +425,61 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     let int8 = int8_route::<F, D>(BLOCK) && n_act >= INT8_MIN_ROWS;
     let mut bytes = if int8 { BYTES_BUF.take() } else { Vec::new() };
     let bytes_group = n_blocks * Bytes::<F>::FIELDS.group_block();
+    // Activation rows go in panels that fit in L2 (`tiling`); each claimed range of
+    // weight groups runs against one panel after another.
+    let panel = tiling::panel_rows(n_blocks * F::ACT_BYTES, tiling::l2_bytes());
+    let per_row = if BLOCK { n_blocks } else { 8 * n_blocks };
+    let (all_act, all_scales, all_offsets, all_out) = (act, &scales[..], &offsets[..], out);
     for rows in std::iter::once(first).chain(rows) {
-        if ROW_MAJOR {
-            let row_bytes = n_blocks * F::FIELDS.block;
-            for g in rows.clone().step_by(GROUP) {
-                let live = (rows.end - g).min(GROUP);
-                // A group's rows are one run of memory, and the groups follow each other:
-                // the run `AHEAD` groups on is asked for while this one is packed, a few
-                // lines per block.
-                let ahead = ((g + AHEAD * GROUP) * row_bytes).min(w.len())..((g + (AHEAD + 1) * GROUP) * row_bytes).min(w.len());
-                if live == GROUP && F::FIELDS.qh.is_none() {
-                    assert!(w.len() >= (g + GROUP) * row_bytes, "row-major weights shorter than their rows");
-                    pack_whole_group::<F>(n_blocks, w.as_ptr().add(g * row_bytes), row_bytes, group.as_mut_ptr(), w.as_ptr().add(ahead.start), ahead.len());
-                } else {
-                    for line in ahead.step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(line) as *const i8);
+        for p0 in (0..n_act).step_by(panel) {
+            let n_act = (n_act - p0).min(panel);
+            let act = &all_act[p0 * act_stride..];
+            let (scales, offsets) = (&all_scales[2 * p0 * n_blocks..], if all_offsets.is_empty() { all_offsets } else { &all_offsets[p0 * per_row..] });
+            let out = Out { ptr: all_out.ptr.add(p0 * all_out.ld), ..all_out };
+            if ROW_MAJOR {
+                let row_bytes = n_blocks * F::FIELDS.block;
+                for g in rows.clone().step_by(GROUP) {
+                    let live = (rows.end - g).min(GROUP);
+                    // A group's rows are one run of memory, and the groups follow each other:
+                    // the run `AHEAD` groups on is asked for while this one is packed, a few
+                    // lines per block.
+                    let ahead = ((g + AHEAD * GROUP) * row_bytes).min(w.len())..((g + (AHEAD + 1) * GROUP) * row_bytes).min(w.len());
+                    if live == GROUP && F::FIELDS.qh.is_none() {
+                        assert!(w.len() >= (g + GROUP) * row_bytes, "row-major weights shorter than their rows");
+                        pack_whole_group::<F>(n_blocks, w.as_ptr().add(g * row_bytes), row_bytes, group.as_mut_ptr(), w.as_ptr().add(ahead.start), ahead.len());
+                    } else {
+                        for line in ahead.step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().add(line) as *const i8);
+                        }
+                        pack_group(&F::FIELDS, cols, w, g..g + live, &mut group);
                     }
-                    pack_group(&F::FIELDS, cols, w, g..g + live, &mut group);
+                    let out = Out { ptr: out.ptr.add(g), ..out };
+                    if int8 {
+                        to_bytes::<F>(n_blocks, group.as_ptr(), &mut bytes, std::ptr::null(), 0);
+                        groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, scales, offsets, out);
+                    } else {
+                        groups::<F, D, BLOCK>(n_blocks, group_bytes, &group, 0..live, act, act_stride, n_act, scales, offsets, out);
+                    }
                 }
-                let out = Out { ptr: out.ptr.add(g), ..out };
-                if int8 {
-                    to_bytes::<F>(n_blocks, group.as_ptr(), &mut bytes, std::ptr::null(), 0);
-                    groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, &scales, &offsets, out);
-                } else {
-                    groups::<F, D, BLOCK>(n_blocks, group_bytes, &group, 0..live, act, act_stride, n_act, &scales, &offsets, out);
+                continue;
+            }
+            assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
+            assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
+            if int8 {
+                for g in rows.clone().step_by(GROUP) {
+                    let live = (rows.end - g).min(GROUP);
+                    let at = g / GROUP * group_bytes;
+                    // The next group (this thread's next chunk most likely starts there too) is
+                    // asked for while this one converts.
+                    let next = (at + group_bytes).min(w.len())..(at + 2 * group_bytes).min(w.len());
+                    to_bytes::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, w.as_ptr().add(next.start), next.len());
+                    let out = Out { ptr: out.ptr.add(g), ..out };
+                    groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, scales, offsets, out);
                 }
+                continue;
             }
-            continue;
+            groups::<F, D, BLOCK>(n_blocks, group_bytes, w, rows.clone(), act, act_stride, n_act, scales, offsets, out);
         }
-        assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
-        assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
-        if int8 {
-            for g in rows.clone().step_by(GROUP) {
-                let live = (rows.end - g).min(GROUP);
-                let at = g / GROUP * group_bytes;
-                // The next group (this thread's next chunk most likely starts there too) is
-                // asked for while this one converts.
-                let next = (at + group_bytes).min(w.len())..(at + 2 * group_bytes).min(w.len());
-                to_bytes::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, w.as_ptr().add(next.start), next.len());
-                let out = Out { ptr: out.ptr.add(g), ..out };
-                groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, &scales, &offsets, out);
-            }
-            continue;
-        }
-        groups::<F, D, BLOCK>(n_blocks, group_bytes, w, rows, act, act_stride, n_act, &scales, &offsets, out);
     }
     if ROW_MAJOR {
         GROUP_BUF.set(group);

@@ -36,6 +36,7 @@ mod ternary;
 use lattice::gemm_lattice;
 use ternary::{TQ1, TQ2};
 
+use super::tiling;
 use super::Out;
 
 /// A `Q8_K` block: `d` (f32), 256 quants, 16 `i16` sums of 16 quants each.
@@ -561,29 +562,34 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
         let o = out.ptr.add(j * out.ld + i);
         *o = if out.accumulate { *o + v } else { v };
     };
-    for c0 in rows.clone().step_by(chunk) {
-        let c1 = (c0 + chunk).min(rows.end);
-        let mut j0 = 0;
-        while j0 < n_act {
-            let left = n_act - j0;
-            if left >= 4 {
-                let na = if left >= NA { NA } else { 4 };
-                for i in c0..c1 {
-                    let res = if na == NA {
-                        tile::<K, M, 1, NA>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na))
-                    } else {
-                        tile::<K, M, 1, 4>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na))
-                    };
-                    res.iter().take(na).enumerate().for_each(|(j, &v)| put(i, j0 + j, v));
+    // Activation rows in panels that fit in L2 (`tiling`), each against every chunk.
+    let panel = tiling::panel_rows(nb * ACT_BYTES, tiling::l2_bytes());
+    for p0 in (0..n_act).step_by(panel) {
+        let p1 = (p0 + panel).min(n_act);
+        for c0 in rows.clone().step_by(chunk) {
+            let c1 = (c0 + chunk).min(rows.end);
+            let mut j0 = p0;
+            while j0 < p1 {
+                let left = p1 - j0;
+                if left >= 4 {
+                    let na = if left >= NA { NA } else { 4 };
+                    for i in c0..c1 {
+                        let res = if na == NA {
+                            tile::<K, M, 1, NA>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na))
+                        } else {
+                            tile::<K, M, 1, 4>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na))
+                        };
+                        res.iter().take(na).enumerate().for_each(|(j, &v)| put(i, j0 + j, v));
+                    }
+                    j0 += na;
+                } else {
+                    for i0 in (c0..c1).step_by(NR) {
+                        // Rows past the end repeat the last one; their results are dropped.
+                        let res = tile::<K, M, NR, 1>(nb, from_fn(|i| row(i0 + i)), [arow(j0)], mask(j0, 1));
+                        res.iter().take(c1 - i0).enumerate().for_each(|(i, &v)| put(i0 + i, j0, v));
+                    }
+                    j0 += 1;
                 }
-                j0 += na;
-            } else {
-                for i0 in (c0..c1).step_by(NR) {
-                    // Rows past the end repeat the last one; their results are dropped.
-                    let res = tile::<K, M, NR, 1>(nb, from_fn(|i| row(i0 + i)), [arow(j0)], mask(j0, 1));
-                    res.iter().take(c1 - i0).enumerate().for_each(|(i, &v)| put(i0 + i, j0, v));
-                }
-                j0 += 1;
             }
         }
     }

@@ -127,6 +127,7 @@ pub fn main(args: Args) -> CliResult {
         for (ty, route) in super::info::routes(model.file()) {
             outln!("route {ty}: {route}")?;
         }
+        outln!("tiling: {}", super::info::tiling(model.file(), &[model.cfg.n_embd, model.cfg.n_ff]))?;
         if let Some(a) = &first_adapters {
             outln!("{}", a.describe())?;
         }
