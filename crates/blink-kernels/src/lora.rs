@@ -231,7 +231,7 @@ pub fn shrink(isa: Isa, a: &[f16], x: &[f32], t: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => unsafe { x86::shrink_avx2(a, x, t) },
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => arm::shrink_neon(a, x, t),
+        Isa::Neon | Isa::NeonI8mm => arm::shrink_neon(a, x, t),
         // SAFETY: portable widening needs no feature.
         _ => unsafe { shrink_body::<Portable>(a, x, t) },
     }
@@ -247,7 +247,7 @@ pub fn expand(isa: Isa, bt: &[f16], ld: usize, t: &[f32], scale: f32, y: &mut [f
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => unsafe { x86::expand_avx2(bt, ld, t, scale, y) },
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => arm::expand_neon(bt, ld, t, scale, y),
+        Isa::Neon | Isa::NeonI8mm => arm::expand_neon(bt, ld, t, scale, y),
         // SAFETY: as in `shrink`.
         _ => unsafe { expand_body::<Portable>(bt, ld, t, scale, y) },
     }

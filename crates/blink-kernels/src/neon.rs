@@ -1,8 +1,9 @@
 //! AArch64 building blocks the kernels need but Rust's stable intrinsics (at the crate's
-//! minimum Rust version) lack: the dot-product extension's `SDOT`, and conversions between
-//! four `f16` and four `f32` lanes. Each is one instruction in inline assembly (`SDOT`
-//! after `.arch_extension dotprod`, so the assembler accepts it whatever the enclosing
-//! function's target features; callers check the CPU has it).
+//! minimum Rust version) lack: the dot-product extension's `SDOT`, the int8 matrix
+//! multiply's `SMMLA`, and conversions between four `f16` and four `f32` lanes. Each is
+//! one instruction in inline assembly (`SDOT` after `.arch_extension dotprod`, `SMMLA`
+//! after `.arch_extension i8mm`, so the assembler accepts them whatever the enclosing
+//! function's target features; callers check the CPU has them).
 //!
 //! The conversions are the base ARMv8 `FCVTL`/`FCVTN` (no half-precision arithmetic
 //! extension needed): widening is exact, narrowing rounds to nearest with ties to even
@@ -61,6 +62,28 @@ pub(crate) unsafe fn sdot_lane(acc: int32x4_t, a: int8x16_t, b: int8x16_t, lane:
         2 => at!(2),
         _ => at!(3),
     }
+    acc
+}
+
+/// `acc + a·bᵀ` for 2×8 byte matrices: `a` holds rows `a0` (bytes 0..8) and `a1` (8..16),
+/// `b` rows `b0` and `b1`, and lane `2i + j` of the result adds `ai · bj` (eight signed
+/// products). Exact, as [`sdot`].
+///
+/// # Safety
+/// The CPU must have the int8 matrix-multiply extension (`Isa::NeonI8mm` checks it).
+#[inline(always)]
+pub(crate) unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY (of the asm): a register-only instruction with no side effects; the caller
+    // guarantees the CPU implements it.
+    asm!(
+        ".arch_extension i8mm",
+        "smmla {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+        acc = inout(vreg) acc,
+        a = in(vreg) a,
+        b = in(vreg) b,
+        options(pure, nomem, nostack, preserves_flags)
+    );
     acc
 }
 

@@ -161,7 +161,7 @@ pub fn quantize_row(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         return unsafe { x86_q8::quantize(src, dst, ty == GgmlType::Q8_1) };
     }
     #[cfg(target_arch = "aarch64")]
-    if isa == Isa::Neon && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) && src.len() % 32 == 0 {
+    if isa.is_arm() && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) && src.len().is_multiple_of(32) {
         assert!(dst.len() >= ty.row_bytes(src.len() as u64).unwrap_or(u64::MAX) as usize, "quantize_row: output too short");
         // SAFETY: NEON is part of every AArch64 CPU; `dst` holds the whole row (checked).
         return unsafe { arm_q8::quantize(src, dst, ty == GgmlType::Q8_1) };

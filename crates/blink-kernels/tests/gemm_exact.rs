@@ -176,7 +176,7 @@ fn activation_panels_do_not_change_results() {
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
         let mut act = vec![0u8; n_act * stride];
         for r in 0..n_act {
-            quantize_row(act_ty, &random_values(cols, 100 + r as u64), &mut act[r * stride..(r + 1) * stride]);
+            quantize_row(act_ty, &random_values(cols, 100 + 2 * r as u64), &mut act[r * stride..(r + 1) * stride]);
         }
         let packed = pack::pack(ty, rows, cols, &w).unwrap();
         for order in [DotOrder::Llama, DotOrder::Block] {
@@ -197,7 +197,7 @@ fn activation_panels_do_not_change_results() {
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
         let mut act = vec![0u8; n_act * stride];
         for r in 0..n_act {
-            quantize_row(act_ty, &random_values(cols, 200 + r as u64), &mut act[r * stride..(r + 1) * stride]);
+            quantize_row(act_ty, &random_values(cols, 200 + 2 * r as u64), &mut act[r * stride..(r + 1) * stride]);
         }
         let grouped: Vec<bool> = (0..n_act).map(|r| r % 3 == 0).collect();
         let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);

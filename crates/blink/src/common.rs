@@ -132,7 +132,7 @@ impl ModelArgs {
 /// Which kernel path to use.
 #[derive(Args, Clone, Debug)]
 pub struct KernelArgs {
-    /// Kernel path: scalar, avx2, avx-vnni, avx512 or neon (default: the best this CPU supports; also
+    /// Kernel path: scalar, avx2, avx-vnni, avx512, neon or neon-i8mm (default: the best this CPU supports; also
     /// settable with BLINK_KERNEL).
     #[arg(long = "kernel")]
     pub kernel: Option<String>,

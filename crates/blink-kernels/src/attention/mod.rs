@@ -186,7 +186,7 @@ pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T]
         }
     }
     #[cfg(target_arch = "aarch64")]
-    if T::HALF && hd % 16 == 0 && isa == Isa::Neon {
+    if T::HALF && hd.is_multiple_of(16) && isa.is_arm() {
         // SAFETY: T is f16 (HALF), so the slices are f16 bit patterns; the kernel needs
         // only base NEON.
         unsafe {

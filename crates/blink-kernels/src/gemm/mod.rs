@@ -124,7 +124,7 @@ pub(crate) unsafe fn store_live(o: *mut f32, vals: &[f32], live: usize, accumula
 /// file's row-major layout.
 pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8>> {
     match isa {
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon => pack::pack(ty, rows, cols, src),
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon | Isa::NeonI8mm => pack::pack(ty, rows, cols, src),
         Isa::Scalar => None,
     }
 }
@@ -135,14 +135,14 @@ pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> 
 pub fn reads_row_major(isa: Isa, ty: GgmlType) -> bool {
     match isa {
         Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Scalar => true,
-        Isa::Neon => Fields::of(ty).is_none(),
+        Isa::Neon | Isa::NeonI8mm => Fields::of(ty).is_none(),
     }
 }
 
 /// Bytes of the layout `isa`'s kernels want for `ty`, when that is not row-major.
 pub fn prepared_len(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
     match isa {
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon => pack::packed_len(ty, rows, cols),
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon | Isa::NeonI8mm => pack::packed_len(ty, rows, cols),
         Isa::Scalar => None,
     }
 }
@@ -151,7 +151,7 @@ pub fn prepared_len(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> Option<
 /// place (a streamed window of a ring); `false` when `ty` stays row-major.
 pub fn prepare_into(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
     match isa {
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon => pack::pack_into(ty, rows, cols, src, out),
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon | Isa::NeonI8mm => pack::pack_into(ty, rows, cols, src, out),
         Isa::Scalar => false,
     }
 }
@@ -200,10 +200,11 @@ unsafe fn product_range(isa: Isa, order: DotOrder, m: &MatRef, a: &ActRows, rows
     let MatRef { ty, layout, cols, bytes: w, .. } = *m;
     let ActRows { bytes: act, stride: act_stride, count: n_act, .. } = *a;
     if layout == Layout::Packed {
-        // SAFETY: `Isa::Neon` is only used once `Isa::supported()` holds, which checks
-        // the NEON and dot-product features the kernel enables.
+        // SAFETY: the NEON paths are only used once `Isa::supported()` holds, which checks
+        // the NEON and dot-product features the kernel enables (and the int8 matrix
+        // multiply for `NeonI8mm`, the only one that runs `smmla`).
         #[cfg(target_arch = "aarch64")]
-        if isa == Isa::Neon && neon_fam32::gemm_neon(order, ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
+        if isa.is_arm() && neon_fam32::gemm_neon(isa == Isa::NeonI8mm, order, ty, cols, w, rows.clone(), act, act_stride, n_act, out) {
             return;
         }
         return scalar_packed(order, m, a, rows, out);
@@ -233,7 +234,7 @@ unsafe fn product_range(isa: Isa, order: DotOrder, m: &MatRef, a: &ActRows, rows
     }
     // SAFETY: as for the packed NEON kernel above.
     #[cfg(target_arch = "aarch64")]
-    if isa == Isa::Neon && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out) {
+    if isa.is_arm() && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out) {
         return;
     }
     scalar(order, m, a, rows, out);
@@ -294,16 +295,18 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
     if isa == Isa::Scalar {
         return "scalar reference".into();
     }
+    let block_order = order == DotOrder::Block || matches!(ty, Q4_0 | IQ4_NL | MXFP4);
     let ints = match isa {
         Isa::Avx512Vnni => "vpdpbusd",
         Isa::AvxVnni => "vpdpbusd (AVX-VNNI)",
         Isa::Avx2 => "vpmaddubsw + vpmaddwd",
+        Isa::NeonI8mm if block_order => "smmla on pairs of activation rows (sdot for an odd last one)",
         _ => "sdot",
     };
     match ty {
         F32 | F16 | BF16 => "row-major, f32 FMA in ggml's order".into(),
         _ if Fields::of(ty).is_some() => {
-            let layout = if isa == Isa::Neon { "repacked 8-row groups" } else { "8-row groups (repacked, or packed on the fly from a mapped window)" };
+            let layout = if isa.is_arm() { "repacked 8-row groups" } else { "8-row groups (repacked, or packed on the fly from a mapped window)" };
             // x86's int8 route (`x86_fam32::int8_route`).
             let int8 = isa.is_x86() && matches!(ty, Q5_0 | Q5_1) && (order == DotOrder::Llama || isa != Isa::Avx512Vnni);
             let batches = if int8 { "; batches of 4+ rows: each group converted to int8 once" } else { "" };
@@ -315,8 +318,8 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
             format!("{layout}, {ints}, {order}{batches}")
         }
         IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S => {
-            let batch = if isa == Isa::Neon { "" } else { "; batches of 8+ rows decode each block once" };
-            format!("row-major lattice runs, {}, eight float lanes{batch}", if isa == Isa::Neon { "sdot" } else { "vpmaddubsw + signed activations" })
+            let batch = if isa.is_arm() { "" } else { "; batches of 8+ rows decode each block once" };
+            format!("row-major lattice runs, {}, eight float lanes{batch}", if isa.is_arm() { "sdot" } else { "vpmaddubsw + signed activations" })
         }
         _ => {
             let sums = match ty {

@@ -17,7 +17,8 @@
 //! * `Block` order: the lanes add up in integers to each row's block sum, which one
 //!   convert and one FMA add to the row's result, then one more FMA adds `m_w·s_a`. A tile
 //!   is half a group × up to four activation rows: an accumulator and two integer chains
-//!   per row.
+//!   per row. With the int8 matrix multiply (`Isa::NeonI8mm`), pairs of activation rows
+//!   go through `SMMLA` instead ([`tile_mmla`]), the same block sums.
 //!
 //! [`DotAcc`]: crate::quant::DotAcc
 
@@ -29,7 +30,7 @@ use std::ops::Range;
 use super::pack::{Fields, GROUP};
 use super::Out;
 use crate::order::DotOrder;
-use crate::neon::{load_f16x4, sdot_lane, splat_f16};
+use crate::neon::{f16x4_to_f32, load_f16x4, sdot_lane, smmla, splat_f16};
 
 /// Rows per tile: half a packed group, one 128-bit vector of lane sums.
 const HALF: usize = GROUP / 2;
@@ -277,6 +278,73 @@ unsafe fn tile_block<F: Fam32, const RA: usize>(t: Tile) {
     }
 }
 
+/// `[x, y, x, y]` of the f16 values at `p` and `q`, as f32.
+#[inline(always)]
+unsafe fn f16_pair(p: *const u8, q: *const u8) -> float32x4_t {
+    let (x, y) = ((p as *const u16).read_unaligned() as u64, (q as *const u16).read_unaligned() as u64);
+    f16x4_to_f32(vcreate_u16(x | y << 16 | x << 32 | y << 48))
+}
+
+/// One tile in the `Block` order on the int8 matrix multiply: rows `4h..4h + 4` of the
+/// packed group at `w` × `2·PAIRS` activation rows. Lanes `l` and `l + 1` of a row hold
+/// eight consecutive elements of its block, so zipping two unpacked lane vectors gives two
+/// rows' eight elements each, and one `smmla` adds the 2 × 2 products of two weight rows
+/// with two activation rows over them: 32 products, twice an `sdot`'s. The block sums are
+/// the same integers, so the floats that follow are the block order's, bit for bit.
+#[inline(always)]
+unsafe fn tile_mmla<F: Fam32, const PAIRS: usize>(t: Tile) {
+    let Tile { n_blocks, w, h, a, a_stride, out, ld, accumulate, live } = t;
+    let fields = F::FIELDS;
+    let (m_at, _, _) = fields.packed_offsets();
+    let group_block = fields.group_block();
+    let has_min = fields.m.is_some();
+    let zero = vdupq_n_f32(0.0);
+    // acc[p][q]: rows 4h + 2q and 4h + 2q + 1 × activation rows 2p and 2p + 1, as
+    // [r0·a0, r0·a1, r1·a0, r1·a1].
+    let mut acc = [[zero; 2]; PAIRS];
+    for b in 0..n_blocks {
+        let gb = w.add(b * group_block);
+        let act = |row: usize| a.add(row * a_stride + b * F::ACT_BYTES);
+        let mut sums = [[vdupq_n_s32(0); 2]; PAIRS];
+        for l in [0, 2] {
+            let (lo0, hi0) = unpack_lanes::<F>(gb, h, l);
+            let (lo1, hi1) = unpack_lanes::<F>(gb, h, l + 1);
+            for (lane, x, y) in [(l, lo0, lo1), (l + 4, hi0, hi1)] {
+                let (x, y) = (vreinterpretq_s32_s8(x), vreinterpretq_s32_s8(y));
+                let rows = [vreinterpretq_s8_s32(vzip1q_s32(x, y)), vreinterpretq_s8_s32(vzip2q_s32(x, y))];
+                for (p, s) in sums.iter_mut().enumerate() {
+                    let q = |row: usize| act(row).add(F::ACT_QS + 4 * lane) as *const i8;
+                    let pair = vcombine_s8(vld1_s8(q(2 * p)), vld1_s8(q(2 * p + 1)));
+                    s[0] = smmla(s[0], rows[0], pair);
+                    s[1] = smmla(s[1], rows[1], pair);
+                }
+            }
+        }
+        let dw = weight_scales::<F>(gb, h);
+        let dw = [vzip1q_f32(dw, dw), vzip2q_f32(dw, dw)];
+        let mw = if has_min {
+            let m = load_f16x4(gb.add(m_at + 2 * HALF * h));
+            [vzip1q_f32(m, m), vzip2q_f32(m, m)]
+        } else {
+            [zero; 2]
+        };
+        for (p, acc) in acc.iter_mut().enumerate() {
+            let (a0, a1) = (act(2 * p), act(2 * p + 1));
+            let da = f16_pair(a0, a1);
+            for q in 0..2 {
+                acc[q] = vfmaq_f32(acc[q], vmulq_f32(dw[q], da), vcvtq_f32_s32(sums[p][q]));
+                if has_min {
+                    acc[q] = vfmaq_f32(acc[q], mw[q], f16_pair(a0.add(2), a1.add(2)));
+                }
+            }
+        }
+    }
+    for (p, acc) in acc.iter().enumerate() {
+        store(out.add(2 * p * ld), vuzp1q_f32(acc[0], acc[1]), live, accumulate);
+        store(out.add((2 * p + 1) * ld), vuzp2q_f32(acc[0], acc[1]), live, accumulate);
+    }
+}
+
 /// Write (or add) a tile row's four results at `o`, the first `live` of them at an edge.
 #[inline(always)]
 unsafe fn store(o: *mut f32, v: float32x4_t, live: usize, accumulate: bool) {
@@ -294,18 +362,18 @@ unsafe fn store(o: *mut f32, v: float32x4_t, live: usize, accumulate: bool) {
 /// `r` in `0..n_act`; `w` is the packed matrix. The activation rows go in panels that fit
 /// in L2 ([`tiling`](super::tiling)), each against every group of `rows`.
 #[inline(always)]
-unsafe fn gemm<F: Fam32, const BLOCK: bool>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+unsafe fn gemm<F: Fam32, const BLOCK: bool>(mmla: bool, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
     let panel = super::tiling::panel_rows(cols / 32 * F::ACT_BYTES, super::tiling::l2_bytes());
     for p0 in (0..n_act).step_by(panel) {
         let out = Out { ptr: out.ptr.add(p0 * out.ld), ..out };
-        panel_groups::<F, BLOCK>(cols, w, rows.clone(), &act[p0 * act_stride..], act_stride, (n_act - p0).min(panel), out);
+        panel_groups::<F, BLOCK>(mmla, cols, w, rows.clone(), &act[p0 * act_stride..], act_stride, (n_act - p0).min(panel), out);
     }
 }
 
 /// [`gemm`] of one panel of activation rows.
 #[inline(always)]
-unsafe fn panel_groups<F: Fam32, const BLOCK: bool>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
-    assert!(rows.start % GROUP == 0, "row ranges of packed matrices start on a group");
+unsafe fn panel_groups<F: Fam32, const BLOCK: bool>(mmla: bool, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
+    assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
     let n_blocks = cols / 32;
     let group_bytes = n_blocks * F::FIELDS.group_block();
     assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
@@ -332,6 +400,18 @@ unsafe fn panel_groups<F: Fam32, const BLOCK: bool>(cols: usize, w: &[u8], rows:
                     j += $ra;
                 }};
             }
+            // On the int8 matrix multiply, the block order's tiles take pairs of
+            // activation rows.
+            if BLOCK && mmla {
+                while n_act - j >= 4 {
+                    tile_mmla::<F, 2>(tile(j));
+                    j += 4;
+                }
+                if n_act - j >= 2 {
+                    tile_mmla::<F, 1>(tile(j));
+                    j += 2;
+                }
+            }
             // Block tiles hold four activation rows; lane tiles, with eight accumulators
             // per row, two.
             while BLOCK && n_act - j >= 4 {
@@ -347,27 +427,29 @@ unsafe fn panel_groups<F: Fam32, const BLOCK: bool>(cols: usize, w: &[u8], rows:
     }
 }
 
-/// Run the packed kernel for `ty`; false if `ty` has none.
+/// Run the packed kernel for `ty`; false if `ty` has none. With `mmla`, the block order
+/// runs on the int8 matrix multiply ([`tile_mmla`]).
 ///
 /// # Safety
-/// The CPU must have NEON and the dot-product extension; `out` as for [`super::gemm`].
+/// The CPU must have NEON and the dot-product extension, and with `mmla` the int8 matrix
+/// multiply; `out` as for [`super::gemm`].
 #[target_feature(enable = "neon,dotprod")]
-pub(super) unsafe fn gemm_neon(order: DotOrder, ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
+pub(super) unsafe fn gemm_neon(mmla: bool, order: DotOrder, ty: blink_gguf::GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) -> bool {
     use blink_gguf::GgmlType as T;
     macro_rules! run {
         ($f:ty) => {
             match order {
-                DotOrder::Llama => gemm::<$f, false>(cols, w, rows, act, act_stride, n_act, out),
-                DotOrder::Block => gemm::<$f, true>(cols, w, rows, act, act_stride, n_act, out),
+                DotOrder::Llama => gemm::<$f, false>(mmla, cols, w, rows, act, act_stride, n_act, out),
+                DotOrder::Block => gemm::<$f, true>(mmla, cols, w, rows, act, act_stride, n_act, out),
             }
         };
     }
     match ty {
         // One order: llama.cpp's x86 one (repacked `q4_0_8x8`, `iq4_nl_8x8`, `mxfp4_8x8`) is the block
         // order.
-        T::Q4_0 => gemm::<Q4_0, true>(cols, w, rows, act, act_stride, n_act, out),
-        T::IQ4_NL => gemm::<IQ4NL, true>(cols, w, rows, act, act_stride, n_act, out),
-        T::MXFP4 => gemm::<MXFP4, true>(cols, w, rows, act, act_stride, n_act, out),
+        T::Q4_0 => gemm::<Q4_0, true>(mmla, cols, w, rows, act, act_stride, n_act, out),
+        T::IQ4_NL => gemm::<IQ4NL, true>(mmla, cols, w, rows, act, act_stride, n_act, out),
+        T::MXFP4 => gemm::<MXFP4, true>(mmla, cols, w, rows, act, act_stride, n_act, out),
         T::Q4_1 => run!(Q4_1),
         T::Q5_0 => run!(Q5_0),
         T::Q5_1 => run!(Q5_1),

@@ -548,7 +548,7 @@ unsafe fn kquant_tile<K: KQuant, const NR: usize, const NA: usize>(nb: usize, w:
 
 #[inline(always)]
 unsafe fn kquant_gemm<K: KQuant>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) {
-    assert!(cols % 256 == 0, "k-quant rows are whole super-blocks");
+    assert!(cols.is_multiple_of(256), "k-quant rows are whole super-blocks");
     let nb = cols / 256;
     let rb = nb * K::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");
