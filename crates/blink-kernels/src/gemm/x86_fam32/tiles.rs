@@ -191,18 +191,10 @@ unsafe fn lanes_pass<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool, cons
                         continue;
                     }
                     // −offset · Σa of this lane, the starting sum.
-                    let start = || {
-                        let half = if lane < 4 { offs[j].0 } else { offs[j].1 };
-                        match lane % 4 {
-                            0 => _mm256_shuffle_epi32::<0x00>(half),
-                            1 => _mm256_shuffle_epi32::<0x55>(half),
-                            2 => _mm256_shuffle_epi32::<0xaa>(half),
-                            _ => _mm256_shuffle_epi32::<0xff>(half),
-                        }
-                    };
+                    let start = lane_offset(if lane < 4 { offs[j].0 } else { offs[j].1 }, lane);
                     let sums = match (offset != 0, small) {
-                        (true, true) => D::dot_small_from(start(), wv, a4),
-                        (true, false) => D::dot_from(start(), wv, a4),
+                        (true, true) => D::dot_small_from(start, wv, a4),
+                        (true, false) => D::dot_from(start, wv, a4),
                         (false, true) => D::dot_small(wv, a4),
                         (false, false) => D::dot(wv, a4),
                     };
@@ -210,6 +202,19 @@ unsafe fn lanes_pass<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool, cons
                 }
             }
         }
+    }
+}
+
+/// Lane `lane % 4` of each 128-bit half of `half` (a row's four lane offsets, twice), in
+/// every lane. (A function, not a closure: a closure would not take on the kernel's target
+/// features, and measured as a call per lane.)
+#[inline(always)]
+unsafe fn lane_offset(half: __m256i, lane: usize) -> __m256i {
+    match lane % 4 {
+        0 => _mm256_shuffle_epi32::<0x00>(half),
+        1 => _mm256_shuffle_epi32::<0x55>(half),
+        2 => _mm256_shuffle_epi32::<0xaa>(half),
+        _ => _mm256_shuffle_epi32::<0xff>(half),
     }
 }
 
