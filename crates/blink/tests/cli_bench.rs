@@ -41,7 +41,7 @@ fn bench_reports_every_test_at_every_depth() {
     let routes: Vec<&str> = text.lines().filter(|l| l.starts_with("route ")).collect();
     assert_eq!(routes.len(), 2, "{text}");
     assert!(routes[0].starts_with("route Q4_1: ") && routes[1].starts_with("route Q8_0: "), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("tiling: activation rows in panels") && l.contains("rows of 1536 columns")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("tiling: activation rows that overflow the L2") && l.contains("rows of 1536 columns, panels of")), "{text}");
 }
 
 #[test]

@@ -113,8 +113,8 @@ fn info_describes_the_model() {
         assert!(text.contains(needle), "info lacks {needle:?}:\n{text}");
     }
     // Activation panels sized from the L2 that the caches line reports (divided among the
-    // CPUs sharing it): the most rows of 576 Q8_1 columns (648 bytes) in half of it, in
-    // twelves.
+    // CPUs sharing it): rows of 576 Q8_1 columns (648 bytes) that overflow it go in panels
+    // of the most rows that fit in half of it, in twelves.
     let tiling = text.lines().find(|l| l.starts_with("tiling:")).unwrap_or_else(|| panic!("no tiling line:\n{text}"));
     let number_before = |line: &str, tail: &str| -> usize {
         let head = &line[..line.find(tail).unwrap_or_else(|| panic!("{tail:?} not in {line:?}"))];
@@ -126,7 +126,10 @@ fn info_describes_the_model() {
         let shared = number_before(l2, ")");
         assert_eq!(l2_kib, number_before(l2, " KiB") / shared, "{caches}\n{tiling}");
     }
-    let rows = number_before(tiling, " rows of 576 columns");
+    // Past the rows of 576 columns that fill it, panels of the most rows that fit in half.
+    assert_eq!(number_before(tiling, " rows of 576 columns"), l2_kib * 1024 / 648, "{tiling}");
+    let at = tiling.find("rows of 576 columns").unwrap();
+    let rows = number_before(&tiling[at..], ";");
     assert!(rows % 12 == 0 && rows * 648 <= l2_kib * 512 && (rows + 12) * 648 > l2_kib * 512, "{tiling}");
     // The routes of another path and order.
     let out = blink(&["info", "-m", model.to_str().unwrap(), "--kernel", "scalar", "--dot-order", "block"]);

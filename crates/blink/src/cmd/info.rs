@@ -223,9 +223,10 @@ pub(crate) fn tiling(file: &blink_gguf::GgufFile, widths: &[usize]) -> String {
     let act = routes(file).first().map_or(blink_gguf::GgmlType::Q8_0, |(ty, _)| ty.activation_type());
     let panels: Vec<String> = widths
         .iter()
-        .filter_map(|&w| act.row_bytes(w as u64).map(|b| format!("{} rows of {w} columns", tiling::panel_rows(b as usize, l2))))
+        .filter_map(|&w| act.row_bytes(w as u64).map(|b| (w, b as usize)))
+        .map(|(w, b)| format!("past {} rows of {w} columns, panels of {}", l2 / b, tiling::panel_rows(b, l2)))
         .collect();
-    format!("activation rows in panels of at most half the L2 ({} KiB per core): {}", l2 >> 10, panels.join(", "))
+    format!("activation rows that overflow the L2 ({} KiB per core) go in panels of half of it: {}", l2 >> 10, panels.join("; "))
 }
 
 /// Each matrix type in `file` (in type order) and the route its products take on the

@@ -425,9 +425,9 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     let int8 = int8_route::<F, D>(BLOCK) && n_act >= INT8_MIN_ROWS;
     let mut bytes = if int8 { BYTES_BUF.take() } else { Vec::new() };
     let bytes_group = n_blocks * Bytes::<F>::FIELDS.group_block();
-    // Activation rows go in panels that fit in L2 (`tiling`); each claimed range of
-    // weight groups runs against one panel after another.
-    let panel = tiling::panel_rows(n_blocks * F::ACT_BYTES, tiling::l2_bytes());
+    // Activation rows that overflow L2 go in panels of half of it (`tiling`); each claimed
+    // range of weight groups runs against one panel after another.
+    let panel = tiling::panel_for(n_act, n_blocks * F::ACT_BYTES, tiling::l2_bytes());
     let per_row = if BLOCK { n_blocks } else { 8 * n_blocks };
     let (all_act, all_scales, all_offsets, all_out) = (act, &scales[..], &offsets[..], out);
     for rows in std::iter::once(first).chain(rows) {

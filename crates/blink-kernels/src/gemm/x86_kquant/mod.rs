@@ -562,8 +562,9 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
         let o = out.ptr.add(j * out.ld + i);
         *o = if out.accumulate { *o + v } else { v };
     };
-    // Activation rows in panels that fit in L2 (`tiling`), each against every chunk.
-    let panel = tiling::panel_rows(nb * ACT_BYTES, tiling::l2_bytes());
+    // Activation rows that overflow L2 in panels of half of it (`tiling`), each against
+    // every chunk.
+    let panel = tiling::panel_for(n_act, nb * ACT_BYTES, tiling::l2_bytes());
     for p0 in (0..n_act).step_by(panel) {
         let p1 = (p0 + panel).min(n_act);
         for c0 in rows.clone().step_by(chunk) {
