@@ -161,6 +161,19 @@ proptest! {
     }
 }
 
+/// `n` rows of `cols` random values in `ty`'s activation format, each row different, and
+/// their stride.
+fn random_activations(ty: GgmlType, cols: usize, n: usize, seed: u64) -> (Vec<u8>, usize) {
+    let act_ty = ty.activation_type();
+    let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut act = vec![0u8; n * stride];
+    for r in 0..n {
+        // Seeds two apart: the stream ignores bit 0.
+        quantize_row(act_ty, &random_values(cols, seed + 2 * r as u64), &mut act[r * stride..(r + 1) * stride]);
+    }
+    (act, stride)
+}
+
 /// Many activation rows against a tiny L2: the rows go in panels of 12 (and a short last
 /// one), and every result is still the scalar definition's, in every order and layout.
 /// (Other tests running meanwhile see the small panels too; their results cannot change.)
@@ -172,12 +185,7 @@ fn activation_panels_do_not_change_results() {
     assert_eq!(tiling::panel_rows(108, tiling::l2_bytes()), tiling::MIN_PANEL_ROWS);
     for (i, &ty) in TYPES.iter().enumerate() {
         let w = random_weights(ty, rows, cols, 7 + i as u64);
-        let act_ty = ty.activation_type();
-        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
-        let mut act = vec![0u8; n_act * stride];
-        for r in 0..n_act {
-            quantize_row(act_ty, &random_values(cols, 100 + 2 * r as u64), &mut act[r * stride..(r + 1) * stride]);
-        }
+        let (act, stride) = random_activations(ty, cols, n_act, 100);
         let packed = pack::pack(ty, rows, cols, &w).unwrap();
         for order in [DotOrder::Llama, DotOrder::Block] {
             let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, true);
@@ -193,12 +201,7 @@ fn activation_panels_do_not_change_results() {
     let cols = 256;
     for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K].into_iter().enumerate() {
         let w = random_row_major(ty, rows, cols, 70 + i as u64);
-        let act_ty = ty.activation_type();
-        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
-        let mut act = vec![0u8; n_act * stride];
-        for r in 0..n_act {
-            quantize_row(act_ty, &random_values(cols, 200 + 2 * r as u64), &mut act[r * stride..(r + 1) * stride]);
-        }
+        let (act, stride) = random_activations(ty, cols, n_act, 200);
         let grouped: Vec<bool> = (0..n_act).map(|r| r % 3 == 0).collect();
         let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
         for isa in paths() {

@@ -165,6 +165,14 @@ unsafe fn lane_floats<F: Fam32, const RA: usize, const L: usize>(
     }
 }
 
+/// Where a packed group-block of `F` keeps its minimums, its size, and whether it has
+/// minimums.
+#[inline(always)]
+fn group_layout<F: Fam32>() -> (usize, usize, bool) {
+    let (m_at, _, _) = F::FIELDS.packed_offsets();
+    (m_at, F::FIELDS.group_block(), F::FIELDS.m.is_some())
+}
+
 /// One tile's operands: half `h` (four rows) of a packed group (`w`, `n_blocks`
 /// group-blocks) × activation rows from `a`, `a_stride` bytes apart; results go to `out`
 /// (`ld` apart), written or added, the first `live` of each row's four.
@@ -186,10 +194,7 @@ struct Tile {
 #[inline(always)]
 unsafe fn tile_lanes<F: Fam32, const RA: usize>(t: Tile) {
     let Tile { n_blocks, w, h, a, a_stride, out, ld, accumulate, live } = t;
-    let fields = F::FIELDS;
-    let (m_at, _, _) = fields.packed_offsets();
-    let group_block = fields.group_block();
-    let has_min = fields.m.is_some();
+    let (m_at, group_block, has_min) = group_layout::<F>();
     let zero = vdupq_n_f32(0.0);
     let mut acc = [[zero; 8]; RA];
     let mut tail = [zero; RA];
@@ -242,10 +247,7 @@ unsafe fn lane_ints<F: Fam32, const RA: usize, const L: usize>(gb: *const u8, h:
 #[inline(always)]
 unsafe fn tile_block<F: Fam32, const RA: usize>(t: Tile) {
     let Tile { n_blocks, w, h, a, a_stride, out, ld, accumulate, live } = t;
-    let fields = F::FIELDS;
-    let (m_at, _, _) = fields.packed_offsets();
-    let group_block = fields.group_block();
-    let has_min = fields.m.is_some();
+    let (m_at, group_block, has_min) = group_layout::<F>();
     let mut acc = [vdupq_n_f32(0.0); RA];
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
@@ -294,10 +296,7 @@ unsafe fn f16_pair(p: *const u8, q: *const u8) -> float32x4_t {
 #[inline(always)]
 unsafe fn tile_mmla<F: Fam32, const PAIRS: usize>(t: Tile) {
     let Tile { n_blocks, w, h, a, a_stride, out, ld, accumulate, live } = t;
-    let fields = F::FIELDS;
-    let (m_at, _, _) = fields.packed_offsets();
-    let group_block = fields.group_block();
-    let has_min = fields.m.is_some();
+    let (m_at, group_block, has_min) = group_layout::<F>();
     let zero = vdupq_n_f32(0.0);
     // acc[p][q]: rows 4h + 2q and 4h + 2q + 1 × activation rows 2p and 2p + 1, as
     // [r0·a0, r0·a1, r1·a0, r1·a1].
