@@ -6,7 +6,7 @@
 //! `ROW_MAJOR=1` leaves the matrices as the file has them (packed a group at a time on the
 //! fly), `TYPES=Q5_0,Q4_0` times one in-cache matrix of each of those types instead,
 //! `L2_KIB=512` sizes the activation panels for that L2 instead of this CPU's (a huge one:
-//! no panels).
+//! no panels), `L3_KIB` the weight blocks likewise.
 
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out};
@@ -26,7 +26,10 @@ fn main() {
     if let Some(kib) = env("L2_KIB") {
         blink_kernels::gemm::tiling::set_l2_bytes(kib.parse::<usize>().expect("L2_KIB: a number of KiB") << 10);
     }
-    println!("activation panels sized for {} KiB of L2", blink_kernels::gemm::tiling::l2_bytes() >> 10);
+    if let Some(kib) = env("L3_KIB") {
+        blink_kernels::gemm::tiling::set_l3_bytes(kib.parse::<usize>().expect("L3_KIB: a number of KiB") << 10);
+    }
+    println!("activation panels sized for {} KiB of L2, weight blocks for {} KiB of L3", blink_kernels::gemm::tiling::l2_bytes() >> 10, blink_kernels::gemm::tiling::l3_bytes() >> 10);
     let acts: Vec<usize> = env("ACTS").map_or(vec![1, 16], |v| v.split(',').map(|n| n.parse().expect("ACTS: counts like 1,4,16")).collect());
     let cases = match env("TYPES") {
         // One in-cache matrix of each named type.

@@ -174,14 +174,18 @@ fn random_activations(ty: GgmlType, cols: usize, n: usize, seed: u64) -> (Vec<u8
     (act, stride)
 }
 
-/// Many activation rows against a tiny L2: the rows go in panels of 12 (and a short last
-/// one), and every result is still the scalar definition's, in every order and layout.
+/// Many activation rows against a tiny L2 and L3: the rows go in panels of 12 (and a short
+/// last one), the weights in blocks of one group, and every result is still the scalar
+/// definition's, in every order and layout.
 /// (Other tests running meanwhile see the small panels too; their results cannot change.)
 #[test]
 fn activation_panels_do_not_change_results() {
-    let before = tiling::l2_bytes();
+    let before = (tiling::l2_bytes(), tiling::l3_bytes());
+    // 12-row panels; weight blocks of one group (one 16 KiB chunk for the k-quants).
     tiling::set_l2_bytes(1 << 10);
-    let (rows, cols, n_act) = (19, 96, 41);
+    tiling::set_l3_bytes(1 << 10);
+    // 43 rows: the first call's 16 rows span two blocks.
+    let (rows, cols, n_act) = (43, 96, 41);
     assert_eq!(tiling::panel_rows(108, tiling::l2_bytes()), tiling::MIN_PANEL_ROWS);
     for (i, &ty) in TYPES.iter().enumerate() {
         let w = random_weights(ty, rows, cols, 7 + i as u64);
@@ -197,8 +201,9 @@ fn activation_panels_do_not_change_results() {
             }
         }
     }
-    // The k-quants' row-major kernels, 256-column rows.
-    let cols = 256;
+    // The k-quants' row-major kernels, 256-column rows: enough of them for two 64-row
+    // chunks in the first call, each a block.
+    let (rows, cols) = (400, 256);
     for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K].into_iter().enumerate() {
         let w = random_row_major(ty, rows, cols, 70 + i as u64);
         let (act, stride) = random_activations(ty, cols, n_act, 200);
@@ -209,7 +214,8 @@ fn activation_panels_do_not_change_results() {
             assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty}");
         }
     }
-    tiling::set_l2_bytes(before);
+    tiling::set_l2_bytes(before.0);
+    tiling::set_l3_bytes(before.1);
 }
 
 /// The largest sums a kernel can meet: every quant at its largest magnitude against

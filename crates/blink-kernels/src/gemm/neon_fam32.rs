@@ -359,13 +359,18 @@ unsafe fn store(o: *mut f32, v: float32x4_t, live: usize, accumulate: bool) {
 
 /// `out[r][i] (+)= w_i · a_r` for `i` in `rows` (which must start on a group boundary),
 /// `r` in `0..n_act`; `w` is the packed matrix. Activation rows that overflow L2 go in
-/// panels ([`tiling`](super::tiling)), each against every group of `rows`.
+/// panels ([`tiling`](super::tiling)), each against every group of a block of `rows`.
 #[inline(always)]
 unsafe fn gemm<F: Fam32, const BLOCK: bool>(mmla: bool, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, out: Out) {
-    let panel = super::tiling::panel_for(n_act, cols / 32 * F::ACT_BYTES, super::tiling::l2_bytes());
-    for p0 in (0..n_act).step_by(panel) {
-        let out = Out { ptr: out.ptr.add(p0 * out.ld), ..out };
-        panel_groups::<F, BLOCK>(mmla, cols, w, rows.clone(), &act[p0 * act_stride..], act_stride, (n_act - p0).min(panel), out);
+    use super::tiling;
+    let panel = tiling::panel_for(n_act, cols / 32 * F::ACT_BYTES, tiling::l2_bytes());
+    // With several panels, the weights go in blocks that stay in L3 between them.
+    let block = tiling::weight_block_rows(n_act, panel, cols / 32 * F::FIELDS.block, GROUP, tiling::l3_bytes());
+    for rows in tiling::blocks(rows, block) {
+        for p0 in (0..n_act).step_by(panel) {
+            let out = Out { ptr: out.ptr.add(p0 * out.ld), ..out };
+            panel_groups::<F, BLOCK>(mmla, cols, w, rows.clone(), &act[p0 * act_stride..], act_stride, (n_act - p0).min(panel), out);
+        }
     }
 }
 

@@ -5,9 +5,13 @@
 //! row from L3 or memory: a long prompt of a wide matrix (1024 rows of 1536 columns, 1.7 MB
 //! of activations) measured ~15% slower per row than 64 rows. Rows that fit stay whole: a
 //! split costs a second pass over the weights, and 512 rows of 1536 columns (0.85 of a
-//! 1 MiB L2) in two panels measured 4-5% slower in SmolLM2's pp512 on AVX-512. Panels change
-//! which order the tiles run in, never a result's bits.
+//! 1 MiB L2) in two panels measured 4-5% slower in SmolLM2's pp512 on AVX-512. When there
+//! are several panels, a claimed range of weight rows goes in blocks that fill at most half
+//! of a core's share of L3, so the panels after the first read its weights from L3, not
+//! from memory. Panels and blocks change which order the tiles run in, never a result's
+//! bits.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// L2 bytes one core can count on when the CPU does not say (the smallest L2 of current
@@ -18,34 +22,52 @@ const FALLBACK_L2: usize = 256 << 10;
 /// a very wide matrix still fills whole tiles.
 pub const MIN_PANEL_ROWS: usize = 12;
 
-/// 0 until first read, then the L2 bytes per core the panels are sized for.
+/// L3 bytes per core when the CPU does not say.
+const FALLBACK_L3: usize = 1 << 20;
+
+/// 0 until first read, then the L2 (L3) bytes per core the panels (blocks) are sized for.
 static L2_BYTES: AtomicUsize = AtomicUsize::new(0);
+static L3_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// The L2 bytes per core the panels are sized for: CPU 0's L2 divided among the CPUs that
 /// share it ([`crate::cpu::caches`]), or a fallback of 256 KiB where Linux does not say.
 pub fn l2_bytes() -> usize {
-    match L2_BYTES.load(Ordering::Relaxed) {
+    cached(&L2_BYTES, 2, FALLBACK_L2)
+}
+
+/// The L3 bytes per core the weight blocks are sized for, as [`l2_bytes`] (fallback 1 MiB).
+pub fn l3_bytes() -> usize {
+    cached(&L3_BYTES, 3, FALLBACK_L3)
+}
+
+fn cached(slot: &AtomicUsize, level: u32, fallback: usize) -> usize {
+    match slot.load(Ordering::Relaxed) {
         0 => {
-            let found = detect();
-            L2_BYTES.store(found, Ordering::Relaxed);
+            let found = detect(level).unwrap_or(fallback);
+            slot.store(found, Ordering::Relaxed);
             found
         }
         bytes => bytes,
     }
 }
 
-/// The CPU's own figure (see [`l2_bytes`]).
-fn detect() -> usize {
+/// The CPU's own figure for a cache level, per core.
+fn detect(level: u32) -> Option<usize> {
     crate::cpu::caches()
         .iter()
-        .find(|c| c.level == 2 && c.kind != "Instruction")
-        .map_or(FALLBACK_L2, |c| (c.bytes as usize / c.shared_by.max(1)).max(64 << 10))
+        .find(|c| c.level == level && c.kind != "Instruction")
+        .map(|c| (c.bytes as usize / c.shared_by.max(1)).max(64 << 10))
 }
 
 /// Size the panels for an L2 of `bytes` per core instead of the CPU's own (benchmarks
 /// and tests of other machines' tilings; results do not change).
 pub fn set_l2_bytes(bytes: usize) {
     L2_BYTES.store(bytes.max(1), Ordering::Relaxed);
+}
+
+/// Size the weight blocks for an L3 of `bytes` per core, as [`set_l2_bytes`].
+pub fn set_l3_bytes(bytes: usize) {
+    L3_BYTES.store(bytes.max(1), Ordering::Relaxed);
 }
 
 /// Activation rows of `row_bytes` each that a panel takes when `l2` bytes of L2 are a
@@ -64,6 +86,24 @@ pub fn panel_for(n_rows: usize, row_bytes: usize, l2: usize) -> usize {
     } else {
         panel_rows(row_bytes, l2)
     }
+}
+
+/// Weight rows of `row_bytes` each per block of a claimed range, for a product whose
+/// `n_act` activation rows go in panels of `panel`: all of them with one panel (each
+/// weight is read once anyway), else as many as fill half of `l3`, a multiple of `align`
+/// and at least that.
+pub fn weight_block_rows(n_act: usize, panel: usize, row_bytes: usize, align: usize, l3: usize) -> usize {
+    if panel >= n_act {
+        return usize::MAX;
+    }
+    let fit = l3 / 2 / row_bytes.max(1);
+    (fit - fit % align.max(1)).max(align.max(1))
+}
+
+/// `rows` in blocks of `block` rows (the last one shorter).
+pub fn blocks(rows: Range<usize>, block: usize) -> impl Iterator<Item = Range<usize>> {
+    let end = rows.end;
+    (rows.start..rows.end).step_by(block.max(1)).map(move |s| s..s.saturating_add(block).min(end))
 }
 
 #[cfg(test)]
@@ -96,8 +136,20 @@ mod tests {
     }
 
     #[test]
-    fn this_cpus_l2_is_read() {
-        let l2 = detect();
+    fn weight_blocks_fill_half_of_l3_only_past_one_panel() {
+        assert_eq!(weight_block_rows(512, 512, 864, 8, 16 << 20), usize::MAX);
+        // 1536-wide Q4_1 rows (864 bytes) in half of 16 MiB: 9709 rows, in groups of 8.
+        assert_eq!(weight_block_rows(2048, 804, 864, 8, 16 << 20), 9704);
+        assert_eq!(weight_block_rows(2048, 804, 1 << 30, 8, 16 << 20), 8);
+        let parts: Vec<_> = blocks(16..61, 16).collect();
+        assert_eq!(parts, [16..32, 32..48, 48..61]);
+        assert_eq!(blocks(0..100, usize::MAX).collect::<Vec<_>>(), vec![0..100]);
+    }
+
+    #[test]
+    fn this_cpus_caches_are_read() {
+        let l2 = detect(2).expect("Linux reports an L2 for CPU 0");
         assert!((64 << 10..=64 << 20).contains(&l2), "{l2}");
+        assert!(l3_bytes() >= 64 << 10);
     }
 }

@@ -430,7 +430,9 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     let panel = tiling::panel_for(n_act, n_blocks * F::ACT_BYTES, tiling::l2_bytes());
     let per_row = if BLOCK { n_blocks } else { 8 * n_blocks };
     let (all_act, all_scales, all_offsets, all_out) = (act, &scales[..], &offsets[..], out);
-    for rows in std::iter::once(first).chain(rows) {
+    // With several panels, the weights go in blocks that stay in L3 between them.
+    let block = tiling::weight_block_rows(n_act, panel, n_blocks * F::FIELDS.block, GROUP, tiling::l3_bytes());
+    for rows in std::iter::once(first).chain(rows).flat_map(|claimed| tiling::blocks(claimed, block)) {
         for p0 in (0..n_act).step_by(panel) {
             let n_act = (n_act - p0).min(panel);
             let act = &all_act[p0 * act_stride..];

@@ -565,7 +565,9 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
     // Activation rows that overflow L2 in panels of half of it (`tiling`), each against
     // every chunk.
     let panel = tiling::panel_for(n_act, nb * ACT_BYTES, tiling::l2_bytes());
-    for p0 in (0..n_act).step_by(panel) {
+    // With several panels, the weights go in blocks that stay in L3 between them.
+    let block = tiling::weight_block_rows(n_act, panel, rb, chunk, tiling::l3_bytes());
+    for (rows, p0) in tiling::blocks(rows, block).flat_map(|rows| (0..n_act).step_by(panel).map(move |p0| (rows.clone(), p0))) {
         let p1 = (p0 + panel).min(n_act);
         for c0 in rows.clone().step_by(chunk) {
             let c1 = (c0 + chunk).min(rows.end);
