@@ -125,6 +125,12 @@ fn info_describes_the_model() {
         let l2 = &caches[caches.find("L2 ").unwrap()..];
         let shared = number_before(l2, ")");
         assert_eq!(l2_kib, number_before(l2, " KiB") / shared, "{caches}\n{tiling}");
+        // And the weight blocks from the L3 likewise.
+        if let Some(at) = caches.find("L3 ") {
+            let l3 = &caches[at..];
+            let blocks = &tiling[tiling.find("half the L3").unwrap_or_else(|| panic!("{tiling}"))..];
+            assert_eq!(number_before(blocks, " KiB per core"), number_before(l3, " KiB") / number_before(l3, ")"), "{caches}\n{tiling}");
+        }
     }
     // Past the rows of 576 columns that fill it, panels of the most rows that fit in half.
     assert_eq!(number_before(tiling, " rows of 576 columns"), l2_kib * 1024 / 648, "{tiling}");

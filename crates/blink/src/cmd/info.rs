@@ -226,7 +226,12 @@ pub(crate) fn tiling(file: &blink_gguf::GgufFile, widths: &[usize]) -> String {
         .filter_map(|&w| act.row_bytes(w as u64).map(|b| (w, b as usize)))
         .map(|(w, b)| format!("past {} rows of {w} columns, panels of {}", l2 / b, tiling::panel_rows(b, l2)))
         .collect();
-    format!("activation rows that overflow the L2 ({} KiB per core) go in panels of half of it: {}", l2 >> 10, panels.join("; "))
+    format!(
+        "activation rows that overflow the L2 ({} KiB per core) go in panels of half of it: {}; then weight rows in blocks of half the L3 ({} KiB per core)",
+        l2 >> 10,
+        panels.join("; "),
+        tiling::l3_bytes() >> 10
+    )
 }
 
 /// Each matrix type in `file` (in type order) and the route its products take on the
