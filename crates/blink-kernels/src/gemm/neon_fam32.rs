@@ -60,10 +60,7 @@ struct MXFP4;
 macro_rules! fam32 {
     ($t:ident, $act_bytes:expr, $act_qs:expr, $offset:expr) => {
         impl Fam32 for $t {
-            const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::$t) {
-                Some(f) => f,
-                None => panic!("not a packable type"),
-            };
+            const FIELDS: Fields = Fields::of_packable(blink_gguf::GgmlType::$t);
             const ACT_BYTES: usize = $act_bytes;
             const ACT_QS: usize = $act_qs;
             const OFFSET: i8 = $offset;
@@ -81,10 +78,7 @@ fam32!(Q8_0, 34, 2, 0);
 macro_rules! fam32_table {
     ($t:ident, $ty:ident, $table:path) => {
         impl Fam32 for $t {
-            const FIELDS: Fields = match Fields::of(blink_gguf::GgmlType::$ty) {
-                Some(f) => f,
-                None => panic!("not a packable type"),
-            };
+            const FIELDS: Fields = Fields::of_packable(blink_gguf::GgmlType::$ty);
             const ACT_BYTES: usize = 34;
             const ACT_QS: usize = 2;
             const OFFSET: i8 = 0;

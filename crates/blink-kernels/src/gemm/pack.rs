@@ -39,6 +39,14 @@ pub struct Fields {
 }
 
 impl Fields {
+    /// [`Fields::of`] a type a kernel is written for: a compile-time error if it has none.
+    pub const fn of_packable(ty: GgmlType) -> Fields {
+        match Fields::of(ty) {
+            Some(f) => f,
+            None => panic!("not a packable type"),
+        }
+    }
+
     /// The fields of a packable type, or `None`.
     pub const fn of(ty: GgmlType) -> Option<Fields> {
         const fn f(block: usize, m: Option<usize>, qh: Option<usize>, qs: usize, bits: usize) -> Option<Fields> {
