@@ -14,7 +14,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::auth::{nonce, Token};
-use crate::wire::{self, Header, Message, Role, WireError, HEADER};
+use crate::wire::{self, FramePool, Header, Message, Role, WireError, HEADER};
 
 /// How long each step of a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,6 +42,8 @@ pub struct FrameReader {
     half: OwnedReadHalf,
     max: usize,
     payload: Vec<u8>,
+    /// Where steps are decoded: frames given back after they were sent.
+    pool: FramePool,
 }
 
 /// A slow link, imitated where frames arrive (the machine has no netem): each frame is
@@ -103,7 +105,7 @@ impl FrameReader {
             std::io::ErrorKind::UnexpectedEof => LinkError::Wire(WireError::Truncated("payload")),
             _ => e.into(),
         })?;
-        Ok(wire::decode(h, &self.payload)?)
+        Ok(wire::decode(h, &self.payload, &self.pool)?)
     }
 
     /// The next message within `limit`.
@@ -116,9 +118,15 @@ impl FrameReader {
         self.max = max;
     }
 
+    /// Steps are decoded into frames from `pool` from now on (by default, a pool of the
+    /// connection's own).
+    pub fn set_pool(&mut self, pool: FramePool) {
+        self.pool = pool;
+    }
+
     /// This connection's frames delayed by `shim` (read on the current tokio runtime).
     pub fn shimmed(mut self, shim: Shim) -> ShimmedReader {
-        let (stamped, held) = std::sync::mpsc::channel::<(Instant, Result<Message, LinkError>)>();
+        let (stamped, mut held) = tokio::sync::mpsc::unbounded_channel::<(Instant, Result<Message, LinkError>)>();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             // When the link finishes carrying the frames read so far.
@@ -135,7 +143,7 @@ impl FrameReader {
             }
         });
         let spawned = std::thread::Builder::new().name("blink-link-shim".into()).spawn(move || {
-            while let Ok((due, msg)) = held.recv() {
+            while let Some((due, msg)) = held.blocking_recv() {
                 if let Some(wait) = due.checked_duration_since(Instant::now()) {
                     std::thread::sleep(wait);
                 }
@@ -193,7 +201,7 @@ impl FrameWriter {
 fn split(stream: TcpStream, max: usize) -> Result<(FrameReader, FrameWriter), LinkError> {
     stream.set_nodelay(true)?;
     let (r, w) = stream.into_split();
-    Ok((FrameReader { half: r, max, payload: Vec::new() }, FrameWriter { half: w, buf: Vec::new() }))
+    Ok((FrameReader { half: r, max, payload: Vec::new(), pool: FramePool::default() }, FrameWriter { half: w, buf: Vec::new() }))
 }
 
 /// Handshake frames are small; a stranger may not make a listener read more.

@@ -90,7 +90,10 @@ impl Windows {
         let windows = windows
             .iter()
             .map(|w| {
-                let kv = model.try_new_kv_cache_for(w.clone(), sizes.kv_tokens.max(1), sizes.kv_type).map_err(|e| format!("a KV cache for layers {w:?}: {e}"))?;
+                let mut kv = model.try_new_kv_cache_for(w.clone(), sizes.kv_tokens.max(1), sizes.kv_type).map_err(|e| format!("a KV cache for layers {w:?}: {e}"))?;
+                // Sequences grow here a block at a time, as steps or the head's commands
+                // come: their tables start with room for the longest.
+                kv.set_table_room(sizes.max_ctx);
                 Ok(Window { layers: w.clone(), kv, seqs: HashMap::new() })
             })
             .collect::<Result<Vec<_>, String>>()?;

@@ -1,7 +1,6 @@
 //! The head's adapters on the devices: sent before the first step that uses them, each
 //! device's layers only, and let go once nothing holds them.
 
-use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,17 +44,20 @@ impl RingHead {
         }
         let deadline = Instant::now() + PLACE_TIMEOUT;
         while owed > 0 {
-            match self.events.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(Event::Frame(Message::AdapterPlaced { adapter, error })) if new.iter().any(|a| a.id() == adapter) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (rt, events) = (&self.rt, &mut self.events);
+            // The timer is made inside the runtime, which it needs.
+            match rt.block_on(async { tokio::time::timeout(left, events.recv()).await }) {
+                Ok(Some(Event::Frame(Message::AdapterPlaced { adapter, error }))) if new.iter().any(|a| a.id() == adapter) => {
                     if !error.is_empty() {
                         return Err(format!("a device could not place an adapter: {error}"));
                     }
                     owed -= 1;
                 }
-                Ok(Event::Lost(d, e)) => return Err(format!("lost device {} at {}: {e}", d + 1, self.spec.addrs[d])),
-                Ok(event) => self.early.push_back(event),
-                Err(RecvTimeoutError::Timeout) => return Err(format!("the devices did not place an adapter within {PLACE_TIMEOUT:?}")),
-                Err(RecvTimeoutError::Disconnected) => return Err("the ring's connections are gone".into()),
+                Ok(Some(Event::Lost(d, e))) => return Err(format!("lost device {} at {}: {e}", d + 1, self.spec.addrs[d])),
+                Ok(Some(event)) => self.early.push_back(event),
+                Err(_) => return Err(format!("the devices did not place an adapter within {PLACE_TIMEOUT:?}")),
+                Ok(None) => return Err("the ring's connections are gone".into()),
             }
         }
         for a in new {

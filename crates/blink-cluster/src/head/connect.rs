@@ -2,10 +2,12 @@
 //! a queue, a reader task passing frames on as events (or the device's loss), and a
 //! pinger that keeps a quiet device answering.
 
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::wire::FramePool;
 
 use super::{Event, Health, RingSpec, PING_EVERY, SILENCE};
 use crate::auth::Token;
@@ -18,7 +20,8 @@ const LOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Connect to and assign every device with a window; the queues to write to them. The
 /// connections' tasks mark `health` down (as of their generation) when a device is lost.
-pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, events: mpsc::Sender<Event>, health: (Arc<Health>, u64)) -> Result<Vec<Option<UnboundedSender<Message>>>, String> {
+/// Steps are read into frames from `frames`, and given back to it once written.
+pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, events: UnboundedSender<Event>, health: (Arc<Health>, u64), frames: &FramePool) -> Result<Vec<Option<UnboundedSender<Message>>>, String> {
     let ring = &spec.ring;
     let mut senders = Vec::with_capacity(ring.windows().len());
     let started = Instant::now();
@@ -51,7 +54,8 @@ pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, ev
                 m => Err(LinkError::Unexpected { got: m.name(), want: "ready" }),
             }
         };
-        let (r, mut w) = connected.await.map_err(|e| format!("device {} at {addr}: {e}", d + 1))?;
+        let (mut r, mut w) = connected.await.map_err(|e| format!("device {} at {addr}: {e}", d + 1))?;
+        r.set_pool(frames.clone());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Message>();
         // A lost device: the event for the head's steps, and the mark for `/health`.
         let lose = {
@@ -61,12 +65,13 @@ pub(super) async fn all(spec: &RingSpec, token: &Token, sizes: &RunnerConfig, ev
                 let _ = events.send(Event::Lost(d, e));
             }
         };
-        let lost = lose.clone();
+        let (lost, sent) = (lose.clone(), frames.clone());
         tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
                 if let Err(e) = w.send(&m).await {
                     return lost(e.to_string());
                 }
+                sent.recycle(m);
             }
         });
         let (events, shim) = (events.clone(), spec.shim);

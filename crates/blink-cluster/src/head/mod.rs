@@ -30,7 +30,7 @@ mod adapters;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use blink_engine::serve::{RemoteHealth, RemoteSteps, TableSync};
@@ -38,13 +38,13 @@ use blink_engine::{EngineError, Steps};
 use blink_model::lora::{LoraAdapter, LoraMix};
 use blink_model::{Matrices, Model, Scratch, SeqId, StepInput, StepOutput, StepRow};
 use tokio::runtime::Runtime;
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::auth::Token;
 use crate::link::Shim;
 use crate::placement::Ring;
 use crate::stream::{Budget, Streamer};
-use crate::wire::{CacheOp, Message, MixPart, StepFrame, WireRow};
+use crate::wire::{CacheOp, FramePool, Message, MixPart, StepFrame, WireRow};
 use crate::windows::Windows;
 use blink_engine::RunnerConfig;
 
@@ -147,7 +147,12 @@ pub struct RingHead {
     /// Per device, the queue of frames its writer task sends (`None`: the head, or a
     /// device with no window).
     senders: Vec<Option<UnboundedSender<Message>>>,
-    events: mpsc::Receiver<Event>,
+    events: UnboundedReceiver<Event>,
+    /// Spare step frames: built into here, read into by the connections, given back by
+    /// the writers once sent and here once a step has left the ring.
+    frames: FramePool,
+    /// Spare records of steps in flight, for the next steps' rows and mixes.
+    spare: Vec<InFlight>,
     windows: Windows,
     n_layers: usize,
     next_id: u64,
@@ -192,10 +197,11 @@ impl RingHead {
         let streamer = own_streamer(&model, &own[OWN..], &spec, &sizes);
         let windows = Windows::new(model, &own, &sizes)?;
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("blink-ring-io").enable_all().build().map_err(|e| format!("the network runtime: {e}"))?;
-        let (tx, events) = mpsc::channel();
+        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
         let health = Arc::new(Health::default());
         let generation = health.next_generation();
-        let senders = rt.block_on(connect::all(&spec, token, &sizes, tx, (health.clone(), generation)))?;
+        let frames = FramePool::default();
+        let senders = rt.block_on(connect::all(&spec, token, &sizes, tx, (health.clone(), generation), &frames))?;
         Ok(RingHead {
             rt,
             n_layers,
@@ -205,6 +211,8 @@ impl RingHead {
             sizes,
             senders,
             events,
+            frames,
+            spare: Vec::new(),
             windows,
             next_id: 0,
             next_seq: 0,
@@ -257,16 +265,30 @@ impl RingHead {
     fn submit_inner(&mut self, rows: &[StepRow], adapters: &[Arc<LoraMix>]) -> Result<u64, String> {
         self.drop_unused_adapters();
         self.ship_adapters(adapters)?;
-        let ops = std::mem::take(&mut self.ops);
-        self.windows.apply(&ops)?;
+        self.windows.apply(&self.ops)?;
         self.windows.step(ENTRY, rows.iter().copied(), (StepInput::Tokens, StepOutput::Hidden), adapters)?;
         let id = self.next_id;
         self.next_id += 1;
-        let mixes = adapters.iter().map(|m| m.adapters().iter().map(|(a, scale)| MixPart { adapter: a.id(), scale: *scale }).collect()).collect();
-        let rows_out = rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind, adapter: r.adapter.map(|s| s.0), logits: r.logits, grouped: r.grouped }).collect();
-        let mut frame = StepFrame { id, first_layer: 0, ops, mixes, rows: rows_out, hidden: Vec::new() };
+        // The frame and the record are spares' when there are any, filled in place.
+        let mut frame = self.frames.take();
+        (frame.id, frame.first_layer) = (id, 0);
+        frame.ops.clear();
+        std::mem::swap(&mut frame.ops, &mut self.ops);
+        frame.mixes.truncate(adapters.len());
+        frame.mixes.resize_with(adapters.len(), Vec::new);
+        for (parts, mix) in frame.mixes.iter_mut().zip(adapters) {
+            parts.clear();
+            parts.extend(mix.adapters().iter().map(|(a, scale)| MixPart { adapter: a.id(), scale: *scale }));
+        }
+        frame.rows.clear();
+        frame.rows.extend(rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind, adapter: r.adapter.map(|s| s.0), logits: r.logits, grouped: r.grouped }));
         self.windows.hidden_into(rows.len(), &mut frame.hidden);
-        self.in_flight.insert(id, InFlight { rows: rows.to_vec(), adapters: adapters.to_vec() });
+        let mut step = self.spare.pop().unwrap_or(InFlight { rows: Vec::new(), adapters: Vec::new() });
+        step.rows.clear();
+        step.rows.extend_from_slice(rows);
+        step.adapters.clear();
+        step.adapters.extend_from_slice(adapters);
+        self.in_flight.insert(id, step);
         let done = self.advance(frame)?;
         debug_assert!(done.is_none(), "a ring has a device besides the head");
         Ok(id)
@@ -274,14 +296,15 @@ impl RingHead {
 
     fn wait_inner(&mut self) -> Result<u64, String> {
         loop {
-            match self.early.pop_front().map_or_else(|| self.events.recv(), Ok) {
+            match self.early.pop_front().map_or_else(|| self.events.blocking_recv().ok_or(()), Ok) {
                 Ok(Event::Frame(Message::Step(f))) if self.in_flight.contains_key(&f.id) => {
                     if let Some(id) = self.advance(f)? {
                         return Ok(id);
                     }
                 }
                 Ok(Event::Frame(Message::Failed { id, reason })) if self.in_flight.contains_key(&id) => return Err(reason),
-                Ok(Event::Frame(_)) => {}
+                // A step of a ring left behind, or a late answer: its buffers are spares.
+                Ok(Event::Frame(m)) => self.frames.recycle(m),
                 Ok(Event::Lost(d, e)) => return Err(format!("lost device {} at {}: {e}", d + 1, self.spec.addrs[d])),
                 Err(_) => return Err("the ring's connections are gone".into()),
             }
@@ -314,10 +337,16 @@ impl RingHead {
         };
         self.stream_done(ran);
         let Some(frame) = at_exit else { return Ok(None) };
-        let step = self.in_flight.remove(&frame.id).expect("a step in flight");
+        let mut step = self.in_flight.remove(&frame.id).expect("a step in flight");
         let exit = step.rows.iter().map(|r| StepRow { token: None, ..*r });
-        self.windows.step(EXIT, exit, (StepInput::Hidden(&frame.hidden), StepOutput::Logits), &step.adapters)?;
-        Ok(Some(frame.id))
+        let ran = self.windows.step(EXIT, exit, (StepInput::Hidden(&frame.hidden), StepOutput::Logits), &step.adapters);
+        let id = frame.id;
+        self.frames.give(frame);
+        // The record lets go of its mixes now, as it did when it was dropped.
+        step.adapters.clear();
+        self.spare.push(step);
+        ran?;
+        Ok(Some(id))
     }
 
     /// The head's own window `ran` (an index of its windows) has run: give it back and

@@ -5,7 +5,6 @@
 //! Running on fewer devices, the head goes back to the planned ring at the first step
 //! where no sequence is live on the devices, once the missing ones answer.
 
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,9 +78,9 @@ impl RingHead {
     /// Connect to `spec`'s devices and assign them; on success the head runs it, with its
     /// own windows reloaded if they changed (and every cache empty).
     fn adopt(&mut self, spec: &RingSpec) -> Result<(), String> {
-        let (tx, events) = mpsc::channel();
+        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
         let generation = self.health.next_generation();
-        let senders = self.rt.block_on(connect::all(spec, &self.token, &self.sizes, tx, (self.health.clone(), generation)))?;
+        let senders = self.rt.block_on(connect::all(spec, &self.token, &self.sizes, tx, (self.health.clone(), generation), &self.frames))?;
         let own = |s: &RingSpec| s.head.map(|h| s.ring.device_windows(h)).unwrap_or_default();
         let windows = own(spec);
         let reload = windows != own(&self.spec);

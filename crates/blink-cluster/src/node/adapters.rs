@@ -2,7 +2,7 @@
 //! layer by layer, are placed on the node's model when the head says so, and are let go
 //! when the head drops them. Steps name them by the head's numbers in their mixes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use blink_model::lora::{LoraAdapter, LoraFormat, LoraMix, LoraPair, LoraTensors};
@@ -15,11 +15,17 @@ pub struct NodeAdapters {
     placed: HashMap<u64, Arc<LoraAdapter>>,
     /// Layers received of adapters not yet placed (one entry per model layer).
     pending: HashMap<u64, Vec<[Option<LoraPair>; 7]>>,
-    /// The last step's mixes, as sent and as built: steps of one batch of requests carry
-    /// the same ones, built once.
-    sent: Vec<Vec<MixPart>>,
-    built: Vec<Arc<LoraMix>>,
+    /// The latest steps' mixes, as sent and as built, newest first: the steps of one
+    /// batch of requests carry the same ones, and several batches in flight take turns,
+    /// so each is built once.
+    recent: VecDeque<BuiltMixes>,
 }
+
+/// A step's mixes as sent, and as built from the adapters placed here.
+type BuiltMixes = (Vec<Vec<MixPart>>, Vec<Arc<LoraMix>>);
+
+/// How many steps' mixes a node keeps built (more than steps are ever in flight).
+const RECENT: usize = 8;
 
 impl NodeAdapters {
     /// Keep an adapter's pairs on one layer until it is placed.
@@ -46,30 +52,31 @@ impl NodeAdapters {
     pub fn drop(&mut self, id: u64) {
         self.placed.remove(&id);
         self.pending.remove(&id);
-        // A mix built of it goes with it.
-        if self.sent.iter().flatten().any(|p| p.adapter == id) {
-            self.sent.clear();
-            self.built.clear();
-        }
+        // The mixes built of it go with it.
+        self.recent.retain(|(sent, _)| !sent.iter().flatten().any(|p| p.adapter == id));
     }
 
     /// The mixes a step names, built from the adapters placed here.
     pub fn mixes(&mut self, mixes: &[Vec<MixPart>]) -> Result<&[Arc<LoraMix>], String> {
-        if mixes != self.sent.as_slice() {
-            let built = mixes
-                .iter()
-                .map(|mix| {
-                    let parts = mix.iter().map(|p| match self.placed.get(&p.adapter) {
-                        Some(a) if p.scale.is_finite() => Ok((a.clone(), p.scale)),
-                        Some(_) => Err(format!("adapter {} at scale {}", p.adapter, p.scale)),
-                        None => Err(format!("a step with adapter {}, which this node was not sent", p.adapter)),
-                    });
-                    Ok(Arc::new(LoraMix::new(parts.collect::<Result<Vec<_>, String>>()?)))
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            self.built = built;
-            self.sent = mixes.to_vec();
-        }
-        Ok(&self.built)
+        let at = match self.recent.iter().position(|(sent, _)| sent == mixes) {
+            Some(at) => at,
+            None => {
+                let built = mixes
+                    .iter()
+                    .map(|mix| {
+                        let parts = mix.iter().map(|p| match self.placed.get(&p.adapter) {
+                            Some(a) if p.scale.is_finite() => Ok((a.clone(), p.scale)),
+                            Some(_) => Err(format!("adapter {} at scale {}", p.adapter, p.scale)),
+                            None => Err(format!("a step with adapter {}, which this node was not sent", p.adapter)),
+                        });
+                        Ok(Arc::new(LoraMix::new(parts.collect::<Result<Vec<_>, String>>()?)))
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                self.recent.truncate(RECENT - 1);
+                self.recent.push_front((mixes.to_vec(), built));
+                0
+            }
+        };
+        Ok(&self.recent[at].1)
     }
 }

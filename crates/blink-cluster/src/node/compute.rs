@@ -1,15 +1,13 @@
 //! A node's compute thread: steps in, each run over the window it enters, and out to
 //! whoever holds the next layer; and the head's adapters, placed between steps.
 
-use std::sync::mpsc::Receiver;
-
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::adapters::NodeAdapters;
 use super::router::{Dest, Outgoing};
 use crate::placement::Ring;
 use crate::stream::Streamer;
-use crate::wire::{Message, StepFrame};
+use crate::wire::{FramePool, Message, StepFrame};
 use crate::windows::Windows;
 
 /// What the compute thread is given.
@@ -17,6 +15,8 @@ pub enum Work {
     Step(StepFrame),
     /// An adapter's layer, its placement or its drop, from the head.
     Adapter(Message),
+    /// The assignment is over: steps still queued are dropped, and the thread ends.
+    End,
 }
 
 impl Work {
@@ -24,7 +24,7 @@ impl Work {
     fn step_layer(&self) -> Option<usize> {
         match self {
             Work::Step(f) => Some(f.first_layer as usize),
-            Work::Adapter(_) => None,
+            Work::Adapter(_) | Work::End => None,
         }
     }
 }
@@ -53,8 +53,8 @@ impl Route {
 /// Run steps until the node's assignment ends. With a `streamer`, each window's weights
 /// are given back once it has run (after its output is sent, for the last window a step
 /// runs here) and the next window is read ahead, unless a step already waiting (several
-/// in flight) enters the same window.
-pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, work: Receiver<Work>, out: UnboundedSender<Outgoing>) {
+/// in flight) enters the same window. A step that fails goes back to `frames`.
+pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, mut work: UnboundedReceiver<Work>, out: UnboundedSender<Outgoing>, frames: FramePool) {
     let first = windows.layers().next().map_or(0, |w| w.start);
     if let Some(s) = &mut streamer {
         // SAFETY: steps run on this thread only, and none is running.
@@ -63,13 +63,14 @@ pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, w
     let mut adapters = NodeAdapters::default();
     // Work taken from the queue early, to see which window a step enters.
     let mut waiting: Option<Work> = None;
-    while let Some(item) = waiting.take().or_else(|| work.recv().ok()) {
+    while let Some(item) = waiting.take().or_else(|| work.blocking_recv()) {
         let mut frame = match item {
             Work::Step(frame) => frame,
             Work::Adapter(m) => {
                 adapter_work(&mut adapters, &windows, m, &out);
                 continue;
             }
+            Work::End => return end(work),
         };
         let id = frame.id;
         let mut ran = None;
@@ -107,6 +108,7 @@ pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, w
                 let _ = out.send(Outgoing::Send(dest, Message::Step(frame)));
             }
             Err(reason) => {
+                frames.give(frame);
                 let _ = out.send(Outgoing::Send(Dest::Head, Message::Failed { id, reason }));
             }
         }
@@ -118,6 +120,12 @@ pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, w
             }
         }
     }
+}
+
+/// The assignment is over (its head gone or replaced): nothing more may be queued, and
+/// the steps that were are its old head's, dropped with the queue.
+fn end(mut work: UnboundedReceiver<Work>) {
+    work.close();
 }
 
 /// An adapter's layer kept, an adapter placed (answering the head either way) or dropped.

@@ -17,7 +17,8 @@ mod compute;
 mod router;
 
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blink_gguf::GgufFile;
@@ -30,7 +31,7 @@ use crate::auth::{self, Token};
 use crate::link::{self, FrameReader, FrameWriter, Incoming, Shim};
 use crate::placement::Ring;
 use crate::stream::{Budget, Streamer};
-use crate::wire::{Assign, Message, Role, StepFrame};
+use crate::wire::{Assign, FramePool, Message, Role, StepFrame};
 use crate::windows::Windows;
 use blink_engine::RunnerConfig;
 use compute::Work;
@@ -59,7 +60,15 @@ const ASSIGN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The current assignment: where steps go in, and which head it belongs to.
 struct Assigned {
     head_conn: u64,
-    work: mpsc::Sender<Work>,
+    work: tmpsc::UnboundedSender<Work>,
+}
+
+/// A connection's copy of the compute thread's queue, taken again only when the
+/// assignment has changed, so passing a step on takes no lock.
+#[derive(Default)]
+struct WorkQueue {
+    generation: u64,
+    work: Option<tmpsc::UnboundedSender<Work>>,
 }
 
 struct Node {
@@ -70,7 +79,11 @@ struct Node {
     /// Key and value elements one token takes in one layer's cache.
     kv_per_layer_token: usize,
     assigned: Mutex<Option<Assigned>>,
+    /// Counts changes of `assigned`; connections compare it with their copy's.
+    generation: AtomicU64,
     out: tmpsc::UnboundedSender<Outgoing>,
+    /// Spare step frames, shared by every connection.
+    frames: FramePool,
 }
 
 /// Run a node until the process ends. Errors are what stops it from starting (the model
@@ -85,8 +98,9 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         eprintln!("blink node: listening on {local} (model {}, sha256 {})", opts.model.display(), auth::hex(&sha256));
         let (out, out_rx) = tmpsc::unbounded_channel();
-        tokio::spawn(router::run(out_rx, opts.token.clone(), out.clone()));
-        let node = Arc::new(Node { n_layers: cfg.n_layers, kv_per_layer_token: 2 * cfg.kv_dim(), opts, sha256, file, assigned: Mutex::new(None), out });
+        let frames = FramePool::default();
+        tokio::spawn(router::run(out_rx, opts.token.clone(), frames.clone()));
+        let node = Arc::new(Node { n_layers: cfg.n_layers, kv_per_layer_token: 2 * cfg.kv_dim(), opts, sha256, file, assigned: Mutex::new(None), generation: AtomicU64::new(1), out, frames });
         let mut conns = 0u64;
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -105,13 +119,14 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
 
 impl Node {
     async fn connection(self: Arc<Self>, stream: TcpStream, peer: String, conn: u64) {
-        let (r, w, role) = match link::accept(stream, &self.opts.token, self.opts.max_frame).await {
+        let (mut r, w, role) = match link::accept(stream, &self.opts.token, self.opts.max_frame).await {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("blink node: refused {peer}: {e}");
                 return;
             }
         };
+        r.set_pool(self.frames.clone());
         match role {
             Role::Head => self.head(r, w, &peer, conn).await,
             Role::Peer => self.peer(r, &peer).await,
@@ -144,21 +159,22 @@ impl Node {
             None => "resident".to_string(),
         };
         eprintln!("blink node: head {peer} assigned layers {layers:?} ({how})");
-        let (work, work_rx) = mpsc::channel();
+        let (work, work_rx) = tmpsc::unbounded_channel();
         let _ = self.out.send(Outgoing::Head { writer: w, conn, addrs: route.addrs.clone() });
-        let out = self.out.clone();
-        let spawned = std::thread::Builder::new().name("blink-node-compute".into()).spawn(move || compute::run(windows, route, streamer, work_rx, out));
+        let (out, frames) = (self.out.clone(), self.frames.clone());
+        let spawned = std::thread::Builder::new().name("blink-node-compute".into()).spawn(move || compute::run(windows, route, streamer, work_rx, out, frames));
         if let Err(e) = spawned {
             return eprintln!("blink node: cannot start the compute thread: {e}");
         }
-        *self.assigned.lock().unwrap_or_else(|e| e.into_inner()) = Some(Assigned { head_conn: conn, work });
+        self.assign(|a| *a = Some(Assigned { head_conn: conn, work }));
         let mut r = Incoming::new(r, self.opts.shim);
+        let mut queue = WorkQueue::default();
         loop {
             match r.read().await {
-                Ok(Message::Step(frame)) => self.submit(frame),
+                Ok(Message::Step(frame)) => self.submit(&mut queue, frame),
                 Ok(m @ (Message::AdapterLayer(_) | Message::AdapterPlace { .. } | Message::AdapterDrop { .. })) => {
                     // With no assignment there is nothing to place it on (nor to ask for it).
-                    self.give(Work::Adapter(m));
+                    self.give(&mut queue, Work::Adapter(m));
                 }
                 Ok(Message::Ping { at }) => {
                     let _ = self.out.send(Outgoing::Send(Dest::Head, Message::Pong { at }));
@@ -170,19 +186,34 @@ impl Node {
                 }
             }
         }
+        self.assign(|a| {
+            if a.as_ref().is_some_and(|a| a.head_conn == conn) {
+                *a = None;
+            }
+        });
+    }
+
+    /// Change the assignment with `change`. The compute thread of one it replaces or
+    /// clears ends once it has drained its queue (connections may still hold copies of
+    /// its queue; they take the new one at their next step).
+    fn assign(&self, change: impl FnOnce(&mut Option<Assigned>)) {
         let mut assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
-        if assigned.as_ref().is_some_and(|a| a.head_conn == conn) {
-            // Dropping the sender ends the compute thread once it has drained its queue.
-            *assigned = None;
+        let old = assigned.take();
+        *assigned = old.as_ref().map(|a| Assigned { head_conn: a.head_conn, work: a.work.clone() });
+        change(&mut assigned);
+        if let Some(old) = old.filter(|o| assigned.as_ref().map(|a| a.head_conn) != Some(o.head_conn)) {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            let _ = old.work.send(Work::End);
         }
     }
 
     /// A peer's connection: steps passed on round the ring.
     async fn peer(self: Arc<Self>, r: FrameReader, peer: &str) {
         let mut r = Incoming::new(r, self.opts.shim);
+        let mut queue = WorkQueue::default();
         loop {
             match r.read().await {
-                Ok(Message::Step(frame)) => self.submit(frame),
+                Ok(Message::Step(frame)) => self.submit(&mut queue, frame),
                 Ok(m) => eprintln!("blink node: peer {peer} sent {}; ignored", m.name()),
                 Err(link::LinkError::Closed) => return,
                 Err(e) => return eprintln!("blink node: peer {peer}: {e}; closing its connection"),
@@ -203,20 +234,26 @@ impl Node {
             if w.send(&back).await.is_err() {
                 return;
             }
+            self.frames.recycle(back);
         }
     }
 
-    fn submit(&self, frame: StepFrame) {
+    fn submit(&self, queue: &mut WorkQueue, frame: StepFrame) {
         let id = frame.id;
-        if !self.give(Work::Step(frame)) {
+        if !self.give(queue, Work::Step(frame)) {
             let _ = self.out.send(Outgoing::Send(Dest::Head, Message::Failed { id, reason: "this node has no assignment".into() }));
         }
     }
 
-    /// Hand `work` to the compute thread of the current assignment; false if there is none.
-    fn give(&self, work: Work) -> bool {
-        let assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
-        assigned.as_ref().is_some_and(|a| a.work.send(work).is_ok())
+    /// Hand `work` to the compute thread of the current assignment, through `queue`
+    /// (taken again if the assignment changed); false if there is none.
+    fn give(&self, queue: &mut WorkQueue, work: Work) -> bool {
+        let generation = self.generation.load(Ordering::Acquire);
+        if queue.generation != generation {
+            let assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
+            *queue = WorkQueue { generation, work: assigned.as_ref().map(|a| a.work.clone()) };
+        }
+        queue.work.as_ref().is_some_and(|w| w.send(work).is_ok())
     }
 
     /// Check an assignment and load its windows.

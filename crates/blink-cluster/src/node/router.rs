@@ -1,14 +1,14 @@
 //! Where a node's outgoing frames go: back to its head on the head's own connection, or
 //! on to another device on a connection this node opens (as a peer, with the token's
-//! proof) the first time it needs it.
+//! proof) the first time it needs it. A sent step's frame goes back to the node's pool.
 
 use std::collections::HashMap;
 
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::auth::Token;
 use crate::link::{self, FrameWriter};
-use crate::wire::{Message, Role, MAX_PAYLOAD};
+use crate::wire::{FramePool, Message, Role, MAX_PAYLOAD};
 
 /// Where a frame goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +24,7 @@ pub enum Outgoing {
     Send(Dest, Message),
 }
 
-pub async fn run(mut rx: UnboundedReceiver<Outgoing>, token: Token, _out: UnboundedSender<Outgoing>) {
+pub async fn run(mut rx: UnboundedReceiver<Outgoing>, token: Token, frames: FramePool) {
     let mut head: Option<(FrameWriter, u64)> = None;
     let mut addrs: Vec<String> = Vec::new();
     let mut peers: HashMap<usize, FrameWriter> = HashMap::new();
@@ -42,6 +42,7 @@ pub async fn run(mut rx: UnboundedReceiver<Outgoing>, token: Token, _out: Unboun
                         head = None;
                     }
                 }
+                frames.recycle(msg);
             }
             Outgoing::Send(Dest::Device(d), msg) => {
                 if let Err(reason) = send_to_device(&mut peers, &addrs, &token, d, &msg).await {
@@ -51,6 +52,7 @@ pub async fn run(mut rx: UnboundedReceiver<Outgoing>, token: Token, _out: Unboun
                         let _ = w.send(&Message::Failed { id: frame.id, reason }).await;
                     }
                 }
+                frames.recycle(msg);
             }
         }
     }

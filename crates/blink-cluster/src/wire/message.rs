@@ -15,7 +15,7 @@ use blink_model::lora::{LoraPair, LoraTarget};
 use blink_model::RowKind;
 
 use super::codec::{Reader, Writer};
-use super::WireError;
+use super::{FramePool, WireError};
 
 /// Who is connecting: the head (to give orders and collect results), a peer node (to
 /// pass steps on round the ring), or a prober measuring the link (`blink profile
@@ -339,7 +339,7 @@ impl Message {
         }
     }
 
-    pub(super) fn read(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
+    pub(super) fn read(kind: u8, payload: &[u8], pool: &FramePool) -> Result<Message, WireError> {
         let mut r = Reader::new(payload);
         let msg = match kind {
             HELLO => {
@@ -377,49 +377,14 @@ impl Message {
             }
             READY => Message::Ready,
             STEP => {
-                let id = r.u64("step")?;
-                let first_layer = r.u32("step")?;
-                // Every command takes at least 9 bytes (a copy 13).
-                let n = r.count(9, "cache commands")?;
-                let mut ops = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let (op, a, b) = (r.u8("cache commands")?, r.u32("cache commands")?, r.u32("cache commands")?);
-                    ops.push(match op {
-                        0 => CacheOp::Truncate { seq: a, len: b },
-                        1 => CacheOp::Release { seq: a },
-                        2 => CacheOp::Cut { seq: a, blocks: b },
-                        3 => CacheOp::Block { seq: a, block: b },
-                        4 => CacheOp::Copy { src: a, dst: b, slots: r.u32("cache commands")? },
-                        b => return Err(WireError::Invalid(format!("cache command {b}"))),
-                    });
-                }
-                let n = r.count(4, "adapter mixes")?;
-                let mut mixes = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let parts = r.count(12, "adapter mixes")?;
-                    let mix = (0..parts).map(|_| Ok(MixPart { adapter: r.u64("adapter mixes")?, scale: r.f32("adapter mixes")? })).collect::<Result<Vec<_>, WireError>>()?;
-                    mixes.push(mix);
-                }
-                let n = r.count(12, "rows")?;
-                let mut rows = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let (seq, pos, kind) = (r.u32("rows")?, r.u32("rows")?, row_kind(r.u8("rows")?)?);
-                    let adapter = Some(r.u16("rows")?).filter(|&a| a != u16::MAX);
-                    if adapter.is_some_and(|a| a as usize >= mixes.len()) {
-                        return Err(WireError::Invalid(format!("a row of adapter mix {} in a step of {}", adapter.unwrap_or(0), mixes.len())));
+                let mut frame = pool.take();
+                match frame.read_from(&mut r) {
+                    Ok(()) => Message::Step(frame),
+                    Err(e) => {
+                        pool.give(frame);
+                        return Err(e);
                     }
-                    let flags = r.u8("rows")?;
-                    if flags > 3 {
-                        return Err(WireError::Invalid(format!("row flags {flags:#04x}")));
-                    }
-                    rows.push(WireRow { seq, pos, kind, adapter, logits: flags & 1 != 0, grouped: flags & 2 != 0 });
                 }
-                let mut hidden = Vec::new();
-                r.f32s_into(&mut hidden, "hidden states")?;
-                if !rows.is_empty() && hidden.len() % rows.len() != 0 {
-                    return Err(WireError::Invalid(format!("{} hidden values for {} rows", hidden.len(), rows.len())));
-                }
-                Message::Step(StepFrame { id, first_layer, ops, mixes, rows, hidden })
             }
             FAILED => Message::Failed { id: r.u64("failure")?, reason: r.str("failure")? },
             PING => Message::Ping { at: r.u64("ping")? },
@@ -440,6 +405,56 @@ impl Message {
         };
         r.finish(msg.name())?;
         Ok(msg)
+    }
+}
+
+impl StepFrame {
+    /// Decode a step's fields into this frame, reusing its vectors' memory.
+    fn read_from(&mut self, r: &mut Reader) -> Result<(), WireError> {
+        self.id = r.u64("step")?;
+        self.first_layer = r.u32("step")?;
+        // Every command takes at least 9 bytes (a copy 13).
+        let n = r.count(9, "cache commands")?;
+        self.ops.clear();
+        for _ in 0..n {
+            let (op, a, b) = (r.u8("cache commands")?, r.u32("cache commands")?, r.u32("cache commands")?);
+            self.ops.push(match op {
+                0 => CacheOp::Truncate { seq: a, len: b },
+                1 => CacheOp::Release { seq: a },
+                2 => CacheOp::Cut { seq: a, blocks: b },
+                3 => CacheOp::Block { seq: a, block: b },
+                4 => CacheOp::Copy { src: a, dst: b, slots: r.u32("cache commands")? },
+                b => return Err(WireError::Invalid(format!("cache command {b}"))),
+            });
+        }
+        let n = r.count(4, "adapter mixes")?;
+        self.mixes.truncate(n);
+        self.mixes.resize_with(n, Vec::new);
+        for mix in &mut self.mixes {
+            mix.clear();
+            for _ in 0..r.count(12, "adapter mixes")? {
+                mix.push(MixPart { adapter: r.u64("adapter mixes")?, scale: r.f32("adapter mixes")? });
+            }
+        }
+        let n = r.count(12, "rows")?;
+        self.rows.clear();
+        for _ in 0..n {
+            let (seq, pos, kind) = (r.u32("rows")?, r.u32("rows")?, row_kind(r.u8("rows")?)?);
+            let adapter = Some(r.u16("rows")?).filter(|&a| a != u16::MAX);
+            if adapter.is_some_and(|a| a as usize >= self.mixes.len()) {
+                return Err(WireError::Invalid(format!("a row of adapter mix {} in a step of {}", adapter.unwrap_or(0), self.mixes.len())));
+            }
+            let flags = r.u8("rows")?;
+            if flags > 3 {
+                return Err(WireError::Invalid(format!("row flags {flags:#04x}")));
+            }
+            self.rows.push(WireRow { seq, pos, kind, adapter, logits: flags & 1 != 0, grouped: flags & 2 != 0 });
+        }
+        r.f32s_into(&mut self.hidden, "hidden states")?;
+        if !self.rows.is_empty() && !self.hidden.len().is_multiple_of(self.rows.len()) {
+            return Err(WireError::Invalid(format!("{} hidden values for {} rows", self.hidden.len(), self.rows.len())));
+        }
+        Ok(())
     }
 }
 

@@ -14,9 +14,11 @@
 
 mod codec;
 mod message;
+mod pool;
 
 pub use codec::{Reader, Writer};
 pub use message::{AdapterLayer, Assign, CacheOp, Message, MixPart, Role, StepFrame, WireRow};
+pub use pool::FramePool;
 
 use thiserror::Error;
 
@@ -96,12 +98,13 @@ pub fn encode(msg: &Message, out: &mut Vec<u8>) {
     *out = w.buf;
 }
 
-/// The message of a frame whose header was `header` and payload `payload`.
-pub fn decode(header: Header, payload: &[u8]) -> Result<Message, WireError> {
+/// The message of a frame whose header was `header` and payload `payload`; a step is
+/// decoded into a frame from `pool`, reusing its buffers.
+pub fn decode(header: Header, payload: &[u8], pool: &FramePool) -> Result<Message, WireError> {
     if payload.len() != header.len {
         return Err(WireError::Truncated("payload"));
     }
-    Message::read(header.kind, payload)
+    Message::read(header.kind, payload, pool)
 }
 
 #[cfg(test)]

@@ -69,9 +69,14 @@ fn samples() -> Vec<Message> {
 }
 
 fn roundtrip(bytes: &[u8], max: usize) -> Result<Message, WireError> {
+    roundtrip_in(bytes, max, &FramePool::default())
+}
+
+/// `bytes` decoded with a step's buffers from `pool`.
+fn roundtrip_in(bytes: &[u8], max: usize, pool: &FramePool) -> Result<Message, WireError> {
     let header: [u8; HEADER] = bytes.get(..HEADER).ok_or(WireError::Truncated("header"))?.try_into().unwrap();
     let h = Header::parse(&header, max)?;
-    decode(h, &bytes[HEADER..])
+    decode(h, &bytes[HEADER..], pool)
 }
 
 #[test]
@@ -80,6 +85,33 @@ fn every_message_survives_the_wire() {
     for m in samples() {
         encode(&m, &mut buf);
         assert_eq!(roundtrip(&buf, MAX_PAYLOAD).unwrap(), m);
+    }
+}
+
+#[test]
+fn a_reused_frame_carries_nothing_of_the_step_before() {
+    // The samples' steps, and one with a single mix of three parts (more than the first
+    // mix of the step before it has room for) and one row.
+    let mut steps: Vec<Message> = samples().into_iter().filter(|m| matches!(m, Message::Step(_))).collect();
+    let parts = (1..4).map(|a| MixPart { adapter: a, scale: a as f32 }).collect();
+    let row = WireRow { seq: 1, pos: 2, kind: RowKind::Training, adapter: Some(0), logits: false, grouped: false };
+    steps.insert(1, Message::Step(StepFrame { id: 5, first_layer: 2, ops: vec![CacheOp::Release { seq: 1 }], mixes: vec![parts], rows: vec![row], hidden: vec![0.5; 4] }));
+    let pool = FramePool::default();
+    let mut buf = Vec::new();
+    // Each in turn, forwards, backwards and forwards again, every decoded step given back
+    // for the next to reuse.
+    for m in steps.iter().chain(steps.iter().rev()).chain(&steps) {
+        encode(m, &mut buf);
+        let got = roundtrip_in(&buf, MAX_PAYLOAD, &pool).unwrap();
+        assert_eq!(&got, m);
+        pool.recycle(got);
+        assert_eq!(pool.spares(), 1, "the frame went back");
+        // A step cut short (its header saying so) gives its frame back too.
+        let mut cut = buf[..buf.len() - 1].to_vec();
+        let len = (cut.len() - HEADER) as u32;
+        cut[8..12].copy_from_slice(&len.to_le_bytes());
+        assert!(matches!(roundtrip_in(&cut, MAX_PAYLOAD, &pool), Err(WireError::Truncated(_))));
+        assert_eq!(pool.spares(), 1, "a refused step's frame went back");
     }
 }
 
@@ -131,7 +163,7 @@ fn a_count_larger_than_the_frame_allocates_nothing() {
     w.u32(u32::MAX);
     let payload = w.buf;
     let h = Header { kind: 7, len: payload.len() };
-    assert_eq!(decode(h, &payload), Err(WireError::Truncated("rows")));
+    assert_eq!(decode(h, &payload, &FramePool::default()), Err(WireError::Truncated("rows")));
 }
 
 #[test]
@@ -152,7 +184,7 @@ fn adapters_on_the_wire_must_agree_with_themselves() {
 proptest! {
     #[test]
     fn garbage_is_an_error_never_a_panic(kind in 0u8..16, payload in proptest::collection::vec(any::<u8>(), 0..200)) {
-        let _ = decode(Header { kind, len: payload.len() }, &payload);
+        let _ = decode(Header { kind, len: payload.len() }, &payload, &FramePool::default());
     }
 
     #[test]

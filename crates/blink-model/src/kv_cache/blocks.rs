@@ -54,6 +54,8 @@ pub struct KvBlocks {
     /// Gives back the sliding-window layers' pages of blocks past every window (`None`: no
     /// such layers, or no values).
     slide: Option<Slide>,
+    /// Entries a new sequence's block table has room for (see [`KvBlocks::set_table_room`]).
+    table_room: usize,
 }
 
 /// Copies of some sequences' block tables, as they were when a step was prepared.
@@ -109,7 +111,7 @@ impl TableSnapshot {
 
 impl KvBlocks {
     pub(super) fn new(n_blocks: usize, releaser: Option<Releaser>) -> KvBlocks {
-        KvBlocks { n_blocks, pool: BlockPool::new(n_blocks), seqs: Vec::new(), copies: Vec::new(), releaser, slide: None }
+        KvBlocks { n_blocks, pool: BlockPool::new(n_blocks), seqs: Vec::new(), copies: Vec::new(), releaser, slide: None, table_room: 0 }
     }
 
     /// Total blocks in the pool.
@@ -240,6 +242,14 @@ impl KvBlocks {
         }
     }
 
+    /// New sequences' block tables start with room for `tokens` tokens (at most the
+    /// pool), so one that grows a block at a time, as a ring device's do, allocates nothing
+    /// on the way there. Without it a table grows as it needs, which is enough for
+    /// sequences that reserve their blocks when they start.
+    pub fn set_table_room(&mut self, tokens: usize) {
+        self.table_room = blocks_for(tokens).min(self.n_blocks);
+    }
+
     /// A new, empty sequence of the base model (its prefixes under [`PrefixKey::BASE`]).
     pub fn new_seq(&mut self) -> SeqId {
         self.new_seq_with(PrefixKey::BASE)
@@ -249,7 +259,7 @@ impl KvBlocks {
     /// base model's or an adapter's): it attaches and publishes prefixes under that key
     /// only, so sequences of different keys never share blocks.
     pub fn new_seq_with(&mut self, key: PrefixKey) -> SeqId {
-        let seq = SeqBlocks { key, ..SeqBlocks::default() };
+        let seq = SeqBlocks { key, table: Vec::with_capacity(self.table_room), ..SeqBlocks::default() };
         if let Some(id) = self.seqs.iter().position(Option::is_none) {
             self.seqs[id] = Some(seq);
             id
