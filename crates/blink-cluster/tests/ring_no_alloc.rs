@@ -5,9 +5,7 @@
 //! counting global allocator, which counts every thread: this file holds one test, so
 //! nothing else runs beside it.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,36 +19,10 @@ use blink_engine::RunnerConfig;
 use blink_gguf::GgufFile;
 use blink_model::lora::LoraMix;
 use blink_model::{AdapterSlot, KvType, Matrices, Model, Share, StepRow, TensorPlacement};
-
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-/// The size of the first allocation counted, to name the culprit.
-static FIRST_SIZE: AtomicUsize = AtomicUsize::new(0);
-
-fn count(layout: Layout) {
-    if COUNTING.load(Ordering::Relaxed) && ALLOCS.fetch_add(1, Ordering::Relaxed) == 0 {
-        FIRST_SIZE.store(layout.size(), Ordering::Relaxed);
-    }
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout);
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(layout);
-        System.realloc(ptr, layout, new_size)
-    }
-}
+use blink_runtime::alloc_count::{count_allocations, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// A loopback port nothing listens on now.
 fn free_port() -> u16 {
@@ -133,11 +105,7 @@ fn steps_going_round_a_warm_ring_do_not_allocate() {
     };
     // Warm up: every buffer, queue and cache table at its size.
     steps(40, &mut head);
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
-    steps(100, &mut head);
-    COUNTING.store(false, Ordering::SeqCst);
-    let allocs = ALLOCS.load(Ordering::SeqCst);
-    assert_eq!(allocs, 0, "{allocs} allocations over 100 rounds of two steps; the first of {} bytes", FIRST_SIZE.load(Ordering::SeqCst));
+    let ((), counted) = count_allocations(|| steps(100, &mut head));
+    assert_eq!(counted.allocs, 0, "{} allocations over 100 rounds of two steps; the first of {} bytes", counted.allocs, counted.first_size);
     assert!(batches.iter().all(|rows| rows.iter().all(|r| r.pos == prompt.len() + 140)), "every sequence went on");
 }

@@ -1,37 +1,12 @@
 //! The decode hot path allocates nothing in steady state: a forward step and sampling,
 //! repeated, make no heap allocation (checked with a counting global allocator).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use blink_engine::{Sampler, SamplingParams};
 use blink_model::{KvType, Model, Scratch, StepRow};
-
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.realloc(ptr, layout, new_size)
-    }
-}
+use blink_runtime::alloc_count::{count_allocations, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 #[test]
 fn decode_steps_and_sampling_do_not_allocate() {
@@ -70,10 +45,10 @@ fn decode_steps_and_sampling_do_not_allocate() {
     for pos in 0..8 {
         step(pos, &mut kv, &mut scratch, &mut tokens, &mut samplers);
     }
-    COUNTING.store(true, Ordering::SeqCst);
-    for pos in 8..72 {
-        step(pos, &mut kv, &mut scratch, &mut tokens, &mut samplers);
-    }
-    COUNTING.store(false, Ordering::SeqCst);
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "the decode hot path allocated");
+    let ((), counted) = count_allocations(|| {
+        for pos in 8..72 {
+            step(pos, &mut kv, &mut scratch, &mut tokens, &mut samplers);
+        }
+    });
+    assert_eq!(counted.allocs, 0, "the decode hot path allocated {} times, the first {} bytes", counted.allocs, counted.first_size);
 }

@@ -6,43 +6,15 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use blink_engine::serve::{Engine, Submission};
 use blink_model::lora::LoraMix;
+use blink_runtime::alloc_count::{count_allocations, CountingAlloc};
 use support::{config, greedy, model, next_is_token};
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-/// The size of the first allocation counted, to name the culprit.
-static FIRST_SIZE: AtomicUsize = AtomicUsize::new(0);
-
-fn count(layout: Layout) {
-    if COUNTING.load(Ordering::Relaxed) && ALLOCS.fetch_add(1, Ordering::Relaxed) == 0 {
-        FIRST_SIZE.store(layout.size(), Ordering::Relaxed);
-    }
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout);
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout)
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(layout);
-        System.realloc(ptr, layout, new_size)
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Takes `n` tokens from each submission, in turn.
 fn take_tokens(subs: &mut [Submission], n: usize) {
@@ -70,12 +42,8 @@ fn decoding_allocates_nothing(adapters: &[Option<Arc<LoraMix>>], model: Arc<blin
         .collect();
     // Warm up: every request admitted, prompts done, channels and buffers at size.
     take_tokens(&mut subs, 60);
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
-    take_tokens(&mut subs, 200);
-    COUNTING.store(false, Ordering::SeqCst);
-    let allocs = ALLOCS.load(Ordering::SeqCst);
-    assert_eq!(allocs, 0, "{allocs} allocations over 200 steps of 4 sequences; the first of {} bytes", FIRST_SIZE.load(Ordering::SeqCst));
+    let ((), counted) = count_allocations(|| take_tokens(&mut subs, 200));
+    assert_eq!(counted.allocs, 0, "{} allocations over 200 steps of 4 sequences; the first of {} bytes", counted.allocs, counted.first_size);
 }
 
 /// One test, so nothing else runs beside the counting (the harness's own messages
