@@ -174,9 +174,10 @@ fn random_activations(ty: GgmlType, cols: usize, n: usize, seed: u64) -> (Vec<u8
     (act, stride)
 }
 
-/// Many activation rows against a tiny L2 and L3: the rows go in panels of 12 (and a short
-/// last one), the weights in blocks of one group, and every result is still the scalar
-/// definition's, in every order and layout.
+/// Many activation rows against a tiny L2 and L3 (and L1): the rows go in panels of 12
+/// (and a short last one), the weights in blocks of one group (and the k-quants' in
+/// chunks of one tile), and every result is still the scalar definition's, in every order
+/// and layout.
 /// (Other tests running meanwhile see the small panels too; their results cannot change.)
 #[test]
 fn activation_panels_do_not_change_results() {
@@ -202,16 +203,21 @@ fn activation_panels_do_not_change_results() {
         }
     }
     // The k-quants' row-major kernels, 256-column rows: enough of them for two 64-row
-    // chunks in the first call, each a block.
+    // chunks in the first call, each a block; then with a 1 KiB L1, chunks of a row (or
+    // a tile's rows).
     let (rows, cols) = (400, 256);
-    for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K].into_iter().enumerate() {
-        let w = random_row_major(ty, rows, cols, 70 + i as u64);
-        let (act, stride) = random_activations(ty, cols, n_act, 200);
-        let grouped: Vec<bool> = (0..n_act).map(|r| r % 3 == 0).collect();
-        let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
-        for isa in paths() {
-            let got = run_grouped(isa, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
-            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty}");
+    let l1 = tiling::l1_bytes();
+    for l1 in [l1, 1 << 10] {
+        tiling::set_l1_bytes(l1);
+        for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K].into_iter().enumerate() {
+            let w = random_row_major(ty, rows, cols, 70 + i as u64);
+            let (act, stride) = random_activations(ty, cols, n_act, 200);
+            let grouped: Vec<bool> = (0..n_act).map(|r| r % 3 == 0).collect();
+            let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
+            for isa in paths() {
+                let got = run_grouped(isa, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty} with {l1} bytes of L1");
+            }
         }
     }
     tiling::set_l2_bytes(before.0);

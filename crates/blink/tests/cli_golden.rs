@@ -131,6 +131,12 @@ fn info_describes_the_model() {
             let blocks = &tiling[tiling.find("half the L3").unwrap_or_else(|| panic!("{tiling}"))..];
             assert_eq!(number_before(blocks, " KiB per core"), number_before(l3, " KiB") / number_before(l3, ")"), "{caches}\n{tiling}");
         }
+        // And the k-quants' weight chunks from the L1's data cache.
+        if let Some(at) = caches.find("L1d ") {
+            let l1 = &caches[at..];
+            let chunks = &tiling[tiling.find("half the L1").unwrap_or_else(|| panic!("{tiling}"))..];
+            assert_eq!(number_before(chunks, " KiB per core"), number_before(l1, " KiB") / number_before(l1, ")"), "{caches}\n{tiling}");
+        }
     }
     // Past the rows of 576 columns that fill it, panels of the most rows that fit in half.
     assert_eq!(number_before(tiling, " rows of 576 columns"), l2_kib * 1024 / 648, "{tiling}");

@@ -17,10 +17,6 @@ use blink_gguf::GgmlType;
 
 use super::Out;
 
-/// Bytes of weight rows a chunk should span, so it stays cached while every activation
-/// tile passes over it.
-const CHUNK_BYTES: usize = 16 * 1024;
-
 /// `out[r][i] (+)= w_i · a_r` by tiles: `wide(weight rows, activation rows)` returns the
 /// `NR × NA` results `[i][j]`; activation rows left over when fewer than `NA` remain go
 /// one at a time through `narrow`, against `NR1` weight rows. Rows past the end of the
@@ -37,7 +33,8 @@ unsafe fn drive<const NR: usize, const NA: usize, const NR1: usize>(
     wide: impl Fn([*const u8; NR], [*const u8; NA]) -> [[f32; NA]; NR],
     narrow: impl Fn([*const u8; NR1], [*const u8; 1]) -> [[f32; 1]; NR1],
 ) {
-    let chunk = (CHUNK_BYTES / row_bytes.max(1)).max(1).next_multiple_of(NR * NR1);
+    // Weight rows in chunks that stay in L1 while every activation tile passes over them.
+    let chunk = super::tiling::chunk_rows(row_bytes, super::tiling::l1_bytes()).next_multiple_of(NR * NR1);
     let last = rows.end - 1;
     let row = |i: usize| w.as_ptr().add(i.min(last) * row_bytes);
     let a_row = |j: usize| act.as_ptr().add(j * act_stride);

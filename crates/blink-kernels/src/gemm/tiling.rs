@@ -8,8 +8,10 @@
 //! 1 MiB L2) in two panels measured 4-5% slower in SmolLM2's pp512 on AVX-512. When there
 //! are several panels, a claimed range of weight rows goes in blocks that fill at most half
 //! of a core's share of L3, so the panels after the first read its weights from L3, not
-//! from memory. Panels and blocks change which order the tiles run in, never a result's
-//! bits.
+//! from memory. Kernels that take weight rows a chunk at a time against every activation
+//! tile (the k-quants' row-major kernels) size the chunk to half of L1
+//! ([`chunk_rows`]), and the float kernels theirs to an eighth of L2. Panels, blocks and
+//! chunks change which order the tiles run in, never a result's bits.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,9 +27,21 @@ pub const MIN_PANEL_ROWS: usize = 12;
 /// L3 bytes per core when the CPU does not say.
 const FALLBACK_L3: usize = 1 << 20;
 
-/// 0 until first read, then the L2 (L3) bytes per core the panels (blocks) are sized for.
+/// L1 data bytes when the CPU does not say (every x86 core since 2003 and ARM's big cores
+/// have at least this).
+const FALLBACK_L1: usize = 32 << 10;
+
+/// 0 until first read, then the L1 data, L2 and L3 bytes per core the chunks, panels and
+/// blocks are sized for.
+static L1_BYTES: AtomicUsize = AtomicUsize::new(0);
 static L2_BYTES: AtomicUsize = AtomicUsize::new(0);
 static L3_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The L1 data bytes of a core the weight chunks are sized for, as [`l2_bytes`]
+/// (fallback 32 KiB).
+pub fn l1_bytes() -> usize {
+    cached(&L1_BYTES, 1, FALLBACK_L1)
+}
 
 /// The L2 bytes per core the panels are sized for: CPU 0's L2 divided among the CPUs that
 /// share it ([`crate::cpu::caches`]), or a fallback of 256 KiB where Linux does not say.
@@ -51,12 +65,14 @@ fn cached(slot: &AtomicUsize, level: u32, fallback: usize) -> usize {
     }
 }
 
-/// The CPU's own figure for a cache level, per core.
+/// The CPU's own figure for a cache level (its data or unified cache), per core: at
+/// least 16 KiB for L1 and 64 KiB for the others.
 fn detect(level: u32) -> Option<usize> {
+    let least = if level == 1 { 16 << 10 } else { 64 << 10 };
     crate::cpu::caches()
         .iter()
         .find(|c| c.level == level && c.kind != "Instruction")
-        .map(|c| (c.bytes as usize / c.shared_by.max(1)).max(64 << 10))
+        .map(|c| (c.bytes as usize / c.shared_by.max(1)).max(least))
 }
 
 /// Size the panels for an L2 of `bytes` per core instead of the CPU's own (benchmarks
@@ -68,6 +84,19 @@ pub fn set_l2_bytes(bytes: usize) {
 /// Size the weight blocks for an L3 of `bytes` per core, as [`set_l2_bytes`].
 pub fn set_l3_bytes(bytes: usize) {
     L3_BYTES.store(bytes.max(1), Ordering::Relaxed);
+}
+
+/// Size the weight chunks for an L1 of `bytes`, as [`set_l2_bytes`].
+pub fn set_l1_bytes(bytes: usize) {
+    L1_BYTES.store(bytes.max(1), Ordering::Relaxed);
+}
+
+/// Weight rows of `row_bytes` each per chunk of a kernel that runs every activation tile
+/// over a chunk before the next: as many as fill `cache_bytes / 2` (half of L1 for the
+/// quantized kernels, whose tiles' activation rows and accumulators take the other
+/// half), at least one.
+pub fn chunk_rows(row_bytes: usize, cache_bytes: usize) -> usize {
+    (cache_bytes / 2 / row_bytes.max(1)).max(1)
 }
 
 /// Activation rows of `row_bytes` each that a panel takes when `l2` bytes of L2 are a
@@ -147,7 +176,19 @@ mod tests {
     }
 
     #[test]
+    fn chunks_fill_half_of_their_cache() {
+        // A 576-wide Q4_K row (2 super-blocks, 288 bytes) in half of a 32 KiB L1: 56 rows.
+        assert_eq!(chunk_rows(288, 32 << 10), 56);
+        // A 48 KiB L1 (Intel's since Ice Lake) takes half as many again.
+        assert_eq!(chunk_rows(288, 48 << 10), 85);
+        // A row wider than the cache: one at a time.
+        assert_eq!(chunk_rows(100_000, 32 << 10), 1);
+    }
+
+    #[test]
     fn this_cpus_caches_are_read() {
+        let l1 = detect(1).expect("Linux reports an L1 data cache for CPU 0");
+        assert!((16 << 10..=4 << 20).contains(&l1), "{l1}");
         let l2 = detect(2).expect("Linux reports an L2 for CPU 0");
         assert!((64 << 10..=64 << 20).contains(&l2), "{l2}");
         assert!(l3_bytes() >= 64 << 10);

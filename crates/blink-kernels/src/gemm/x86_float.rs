@@ -228,10 +228,6 @@ unsafe fn tile<T: Float, const NR: usize, const NA: usize, const H: usize>(n: us
     res
 }
 
-/// Bytes of weight rows a chunk should span, so it stays cached while every activation
-/// tile passes over it.
-const CHUNK_BYTES: usize = 128 * 1024;
-
 /// `out[r][i] (+)= w_i · a_r` with `NR × NA` tiles (`H` halves per pass); activation rows
 /// left over when fewer than `NA` remain go one at a time against `NR1` rows (`H1`).
 #[inline(always)]
@@ -247,7 +243,9 @@ unsafe fn gemm<T: Float, const NR: usize, const NA: usize, const H: usize, const
     let rb = cols * T::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + rb, "activations too short");
-    let chunk = (CHUNK_BYTES / rb.max(1)).max(1).next_multiple_of(NR * NR1);
+    // Float rows are wide (2 or 4 bytes an element): chunks of them stay in L2 (a quarter
+    // of the chunk_rows share, 128 KiB of a 1 MiB L2) while every activation tile passes.
+    let chunk = super::tiling::chunk_rows(rb, super::tiling::l2_bytes() / 4).next_multiple_of(NR * NR1);
     let last = rows.end - 1;
     let row = |i: usize| w.as_ptr().add(i.min(last) * rb);
     let put = |i: usize, j: usize, v: f32| {

@@ -215,7 +215,8 @@ fn id_or_none(id: Option<u32>) -> String {
 }
 
 /// How the products cut their activation rows into panels for this CPU's L2, for inputs
-/// of each of `widths` columns in the activation format of `file`'s first matrix type.
+/// of each of `widths` columns in the activation format of `file`'s first matrix type,
+/// and the weight rows into blocks for its L3 and chunks for its L1.
 pub(crate) fn tiling(file: &blink_gguf::GgufFile, widths: &[usize]) -> String {
     use blink_kernels::gemm::tiling;
     use blink_kernels::quant::WeightType;
@@ -227,10 +228,11 @@ pub(crate) fn tiling(file: &blink_gguf::GgufFile, widths: &[usize]) -> String {
         .map(|(w, b)| format!("past {} rows of {w} columns, panels of {}", l2 / b, tiling::panel_rows(b, l2)))
         .collect();
     format!(
-        "activation rows that overflow the L2 ({} KiB per core) go in panels of half of it: {}; then weight rows in blocks of half the L3 ({} KiB per core)",
+        "activation rows that overflow the L2 ({} KiB per core) go in panels of half of it: {}; then weight rows in blocks of half the L3 ({} KiB per core); k-quant rows in chunks of half the L1 ({} KiB per core)",
         l2 >> 10,
         panels.join("; "),
-        tiling::l3_bytes() >> 10
+        tiling::l3_bytes() >> 10,
+        tiling::l1_bytes() >> 10
     )
 }
 

@@ -529,10 +529,6 @@ unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w
     res
 }
 
-/// Bytes of weight rows a chunk should span, so it stays cached while every activation
-/// tile passes over it.
-const CHUNK_BYTES: usize = 16 * 1024;
-
 /// `out[r][i] (+)= w_i · a_r`: activation rows in groups of `NA` (then of 4) against one
 /// weight row at a time; the last 1..=3 activation rows one at a time against `NR`
 /// weight rows.
@@ -554,7 +550,8 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
     let rb = nb * K::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + nb * ACT_BYTES, "activations too short");
-    let chunk = (CHUNK_BYTES / rb.max(1)).clamp(1, 64).next_multiple_of(NR);
+    // Weight rows in chunks that stay in L1 while every activation tile passes over them.
+    let chunk = tiling::chunk_rows(rb, tiling::l1_bytes()).min(64).next_multiple_of(NR);
     let last = rows.end - 1;
     let row = |i: usize| w.as_ptr().add(i.min(last) * rb);
     let arow = |j: usize| act.as_ptr().add(j * act_stride);
