@@ -1,4 +1,5 @@
-//! Pinning threads to CPUs, where the OS allows it.
+//! Pinning threads to CPUs, where the OS allows it, and lowering a background thread's
+//! scheduling priority below the compute threads'.
 //!
 //! Linux uses `sched_setaffinity` with a mask sized to the CPU ids (a machine may have more
 //! than the 1024 of libc's `cpu_set_t`); elsewhere pinning is a no-op. Failure is never
@@ -134,4 +135,19 @@ mod linux {
             assert!(!affinity.is_empty() && affinity.iter().all(|c| status.contains(c)), "{affinity:?} vs {status:?}");
         }
     }
+}
+
+/// Lower the calling thread's scheduling priority to nice `nice` (Linux; elsewhere, and
+/// where the OS refuses, nothing changes). For threads that share cores with the compute
+/// pool but must never stall a pass: the HTTP runtime, the fine-tuning jobs' writer. A
+/// pass's threads meet at barriers, so a core taken from one of them holds up all.
+pub fn lower_current_thread_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on the calling thread; failure leaves the priority as is.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }

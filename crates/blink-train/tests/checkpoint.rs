@@ -231,6 +231,69 @@ fn a_corrupted_byte_is_a_checksum_error() {
     fs::remove_dir_all(&dir).unwrap();
 }
 
+/// FNV-1a 64 a byte at a time, as format 1 documents its checksum.
+fn fnv1a(h: &mut u64, bytes: &[u8]) {
+    for &b in bytes {
+        *h = (*h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+}
+
+fn fnv1a_field(h: &mut u64, bytes: &[u8]) {
+    fnv1a(h, &(bytes.len() as u64).to_le_bytes());
+    fnv1a(h, bytes);
+}
+
+/// A checkpoint of format 1 (written by builds before version 2, which changed only the
+/// checksum) still loads: a saved file made over as version 1, its checksum computed here
+/// from the format's documentation.
+#[test]
+fn a_version_1_checkpoint_still_loads() {
+    let dir = scratch("v1");
+    let s = state(21, 2, 3, 5);
+    checkpoint::save(&dir, &s).unwrap();
+    let path = dir.join(FILE_NAME);
+    let bytes = fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let meta = header["__metadata__"].as_object_mut().unwrap();
+    assert_eq!(meta["blink.checkpoint.version"], "2");
+    meta.insert("blink.checkpoint.version".into(), "1".into());
+    meta.remove("checksum");
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut keys: Vec<&String> = meta.keys().collect();
+    keys.sort();
+    for k in keys {
+        fnv1a_field(&mut h, k.as_bytes());
+        fnv1a_field(&mut h, meta[k].as_str().unwrap().as_bytes());
+    }
+    let mut names: Vec<String> = header.keys().filter(|k| *k != "__metadata__").cloned().collect();
+    names.sort();
+    for name in &names {
+        let t = &header[name];
+        fnv1a_field(&mut h, name.as_bytes());
+        fnv1a_field(&mut h, t["dtype"].as_str().unwrap().as_bytes());
+        let shape = t["shape"].as_array().unwrap();
+        fnv1a(&mut h, &(shape.len() as u64).to_le_bytes());
+        shape.iter().for_each(|d| fnv1a(&mut h, &d.as_u64().unwrap().to_le_bytes()));
+        let at = t["data_offsets"].as_array().unwrap();
+        fnv1a_field(&mut h, &data[at[0].as_u64().unwrap() as usize..at[1].as_u64().unwrap() as usize]);
+    }
+    header["__metadata__"].as_object_mut().unwrap().insert("checksum".into(), format!("{h:016x}").into());
+    let mut json = serde_json::to_vec(&header).unwrap();
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut v1 = (json.len() as u64).to_le_bytes().to_vec();
+    v1.extend_from_slice(&json);
+    v1.extend_from_slice(data);
+    fs::write(&path, &v1).unwrap();
+    assert_same_bits(&checkpoint::load(&dir).unwrap().unwrap(), &s);
+    // And its checksum is checked as version 1's: one changed data byte is refused.
+    v1[8 + json.len() + 3] ^= 0x40;
+    fs::write(&path, &v1).unwrap();
+    assert!(matches!(checkpoint::load(&dir).unwrap_err(), CheckpointError::Checksum { .. }));
+    fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_truncated_file_says_so() {
     let dir = scratch("truncated");

@@ -400,14 +400,7 @@ pub fn io_runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name(name)
-        .on_thread_start(|| {
-            #[cfg(target_os = "linux")]
-            // SAFETY: plain syscalls on the calling thread; failure leaves the priority as is.
-            unsafe {
-                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-                libc::setpriority(libc::PRIO_PROCESS, tid, 10);
-            }
-        })
+        .on_thread_start(|| blink_runtime::affinity::lower_current_thread_priority(10))
         .build()
 }
 

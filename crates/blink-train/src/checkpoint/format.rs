@@ -9,9 +9,14 @@
 //! `lora.format` (`peft`/`gguf`), `lora.alpha` (hex of the f32 bits), `lora.rslora`,
 //! `curve` (a JSON array; f64 values as hex of their bits) and `checksum`.
 //!
-//! The checksum is FNV-1a 64 over every other metadata entry (key, value; by key) and then
-//! every tensor (name, dtype, shape, data bytes; by name), each field length-prefixed. One
-//! changed byte always changes it: FNV-1a's steps are bijections of its state.
+//! The checksum covers every other metadata entry (key, value; by key) and then every
+//! tensor (name, dtype, shape, data bytes; by name), each field length-prefixed. Version 2
+//! takes FNV-1a 64's step a 64-bit little-endian word at a time (a field's last word
+//! padded with zeros; its length is hashed before it), eight times fewer steps than
+//! version 1's byte at a time: the 29 MB checkpoint of a rank-8 adapter on every projection
+//! of SmolLM2 hashed in about 35 ms of a core, which a co-serving engine's step felt as a
+//! tripled pass. Version 1's files still load. Either way one changed byte always changes
+//! the checksum: each step `(h ^ x) · p` is a bijection of the state and of the input.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
@@ -33,22 +38,59 @@ const CHUNK: usize = 1 << 16;
 /// More layers than any model has: a bound on the loop over them.
 const MAX_LAYERS: usize = 1 << 16;
 
-/// FNV-1a, 64 bits.
-struct Fnv1a(u64);
+/// The checksum: FNV-1a 64's step over bytes (format 1) or over 64-bit words (format 2).
+struct Checksum {
+    state: u64,
+    words: bool,
+}
 
-impl Fnv1a {
-    fn new() -> Fnv1a {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
+const FNV_PRIME: u64 = 0x0100_0000_01b3;
+
+impl Checksum {
+    /// The checksum of files of format `version` (1 or 2).
+    fn new(version: u32) -> Checksum {
+        Checksum { state: 0xcbf2_9ce4_8422_2325, words: version >= 2 }
+    }
+
+    fn step(&mut self, x: u64) {
+        self.state = (self.state ^ x).wrapping_mul(FNV_PRIME);
     }
 
     fn bytes(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        if !self.words {
+            bytes.iter().for_each(|&b| self.step(u64::from(b)));
+            return;
+        }
+        let words = bytes.chunks_exact(8);
+        let tail = words.remainder();
+        words.for_each(|w| self.step(u64::from_le_bytes(w.try_into().expect("eight bytes"))));
+        if !tail.is_empty() {
+            let mut last = [0u8; 8];
+            last[..tail.len()].copy_from_slice(tail);
+            self.step(u64::from_le_bytes(last));
+        }
+    }
+
+    /// The little-endian bytes of `values`, as [`bytes`](Self::bytes) takes them.
+    fn f32s(&mut self, values: &[f32]) {
+        if !self.words {
+            values.iter().for_each(|v| self.bytes(&v.to_le_bytes()));
+            return;
+        }
+        let pairs = values.chunks_exact(2);
+        let tail = pairs.remainder();
+        pairs.for_each(|p| self.step(u64::from(p[0].to_bits()) | u64::from(p[1].to_bits()) << 32));
+        if let [v] = tail {
+            self.step(u64::from(v.to_bits()));
         }
     }
 
     fn u64(&mut self, v: u64) {
-        self.bytes(&v.to_le_bytes());
+        if self.words {
+            self.step(v);
+        } else {
+            self.bytes(&v.to_le_bytes());
+        }
     }
 
     fn field(&mut self, bytes: &[u8]) {
@@ -66,7 +108,7 @@ impl Fnv1a {
 }
 
 /// Hashes the metadata (all but the checksum itself).
-fn hash_metadata(h: &mut Fnv1a, meta: &BTreeMap<String, String>) {
+fn hash_metadata(h: &mut Checksum, meta: &BTreeMap<String, String>) {
     for (k, v) in meta.iter().filter(|(k, _)| *k != CHECKSUM_KEY) {
         h.field(k.as_bytes());
         h.field(v.as_bytes());
@@ -92,9 +134,16 @@ impl Encoded<'_> {
         w.write_all(&self.header)?;
         let mut buf = Vec::with_capacity(CHUNK * 4);
         for chunk in self.tensors.iter().flat_map(|t| t.values.chunks(CHUNK)) {
-            buf.clear();
-            chunk.iter().for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
-            w.write_all(&buf)?;
+            if cfg!(target_endian = "little") {
+                // SAFETY: an f32 is four bytes with no padding, and u8 has no alignment:
+                // the chunk's memory read as bytes, which on this target are its
+                // little-endian bytes.
+                w.write_all(unsafe { std::slice::from_raw_parts(chunk.as_ptr().cast::<u8>(), chunk.len() * 4) })?;
+            } else {
+                buf.clear();
+                chunk.iter().for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
+                w.write_all(&buf)?;
+            }
         }
         Ok(())
     }
@@ -175,16 +224,16 @@ pub(super) fn encode<'a>(path: &Path, state: &'a TrainState) -> Result<Encoded<'
     .map(|(k, v)| (k.to_string(), v))
     .collect();
 
-    let mut h = Fnv1a::new();
+    let mut h = Checksum::new(FORMAT_VERSION);
     hash_metadata(&mut h, &meta);
     let mut by_name: Vec<&Tensor> = tensors.iter().collect();
     by_name.sort_by(|a, b| a.name.cmp(&b.name));
     for t in by_name {
         h.tensor_head(&t.name, Dtype::F32, &t.shape);
         h.u64(t.values.len() as u64 * 4);
-        t.values.iter().for_each(|v| h.bytes(&v.to_le_bytes()));
+        h.f32s(t.values);
     }
-    meta.insert(CHECKSUM_KEY.to_string(), format!("{:016x}", h.0));
+    meta.insert(CHECKSUM_KEY.to_string(), format!("{:016x}", h.state));
 
     let mut header = Map::new();
     header.insert("__metadata__".to_string(), json!(meta));
@@ -223,15 +272,15 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<TrainState, Checkpoint
     let Some(version) = meta.get(VERSION_KEY) else {
         return Err(malformed(format!("it has no `{VERSION_KEY}` metadata: not a checkpoint written by Blink")));
     };
-    if *version != FORMAT_VERSION.to_string() {
+    let Some(version) = version.parse::<u32>().ok().filter(|v| (1..=FORMAT_VERSION).contains(v)) else {
         return Err(CheckpointError::Version { path: path.to_path_buf(), found: version.clone() });
-    }
+    };
     let recorded = meta.get(CHECKSUM_KEY).and_then(|s| parse_hex(s, 16)).ok_or_else(|| malformed("no valid `checksum` metadata".into()))?;
 
     let mut infos: HashMap<String, &TensorInfo> = metadata.tensors();
     let mut names: Vec<&String> = infos.keys().collect();
     names.sort();
-    let mut h = Fnv1a::new();
+    let mut h = Checksum::new(version);
     hash_metadata(&mut h, &meta);
     for name in names {
         let info = infos[name];
@@ -239,8 +288,8 @@ pub(super) fn decode(path: &Path, bytes: &[u8]) -> Result<TrainState, Checkpoint
         h.tensor_head(name, info.dtype, &info.shape);
         h.field(tensor);
     }
-    if h.0 != recorded {
-        return Err(CheckpointError::Checksum { path: path.to_path_buf(), recorded, computed: h.0 });
+    if h.state != recorded {
+        return Err(CheckpointError::Checksum { path: path.to_path_buf(), recorded, computed: h.state });
     }
 
     // The bytes are the ones written; what follows only fails on a writer's bug.
@@ -347,4 +396,30 @@ fn parse_curve(text: &str) -> Result<Vec<CurvePoint>, String> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Checksum;
+
+    /// The writer hashes floats as the reader hashes their bytes, in both versions, for
+    /// even and odd counts.
+    #[test]
+    fn floats_hash_as_their_bytes() {
+        for version in [1, 2] {
+            for n in [0, 1, 2, 5, 8] {
+                let values: Vec<f32> = (0..n).map(|i| i as f32 * -1.5 + 0.25).collect();
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let (mut a, mut b) = (Checksum::new(version), Checksum::new(version));
+                a.f32s(&values);
+                b.bytes(&bytes);
+                assert_eq!(a.state, b.state, "version {version}, {n} values");
+            }
+        }
+        // The two versions differ (a file's version picks its checksum).
+        let (mut a, mut b) = (Checksum::new(1), Checksum::new(2));
+        a.bytes(b"blink");
+        b.bytes(b"blink");
+        assert_ne!(a.state, b.state);
+    }
 }

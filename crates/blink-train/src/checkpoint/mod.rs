@@ -29,8 +29,9 @@ use blink_model::lora::LoraTensors;
 /// The checkpoint's file name in its directory.
 pub const FILE_NAME: &str = "checkpoint.safetensors";
 
-/// The layout version written in the metadata; [`load`] refuses any other.
-pub const FORMAT_VERSION: u32 = 1;
+/// The layout version written in the metadata; [`load`] reads it and every earlier one
+/// (version 1 differs only in its checksum) and refuses any other.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One row of the loss curve.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,7 +96,7 @@ pub enum CheckpointError {
     )]
     Checksum { path: PathBuf, recorded: u64, computed: u64 },
     /// Written by a build with another checkpoint layout.
-    #[error("checkpoint {} has format version {found}; this build of Blink reads version {FORMAT_VERSION}", .path.display())]
+    #[error("checkpoint {} has format version {found}; this build of Blink reads versions 1 to {FORMAT_VERSION}", .path.display())]
     Version { path: PathBuf, found: String },
     /// The checkpoint belongs to a run started with other data, model or settings.
     #[error(

@@ -55,11 +55,14 @@ pub struct Executor {
     /// How long the last commit's snapshot took: reserved in the offer of a unit that
     /// ends a step.
     commit_time: Duration,
+    /// Snapshots handed to the worker and not yet back (being written), and one back.
+    writing: usize,
+    spare: Option<Box<TrainState>>,
 }
 
 impl Executor {
     pub(crate) fn new(incoming: Receiver<Active>, reports: Sender<Msg>, spares: Receiver<Box<TrainState>>) -> Executor {
-        Executor { incoming, reports, spares, active: None, accepted: None, closed: false, commit_time: Duration::ZERO }
+        Executor { incoming, reports, spares, active: None, accepted: None, closed: false, commit_time: Duration::ZERO, writing: 0, spare: None }
     }
 
     /// Take the run the worker handed over, if one came.
@@ -189,24 +192,36 @@ impl Executor {
     }
 
     /// At a commit point where a checkpoint is due or an epoch has ended since the last
-    /// commit: report the state.
+    /// commit: report the state. A periodic checkpoint waits while the worker still writes
+    /// the last one (it runs at a lower priority than the engine's passes): the step is
+    /// committed with a later one, and snapshots never pile up. An epoch's end and the
+    /// run's end are committed at once.
     fn commit_if_due(&mut self) {
+        while let Ok(back) = self.spares.try_recv() {
+            self.writing = self.writing.saturating_sub(1);
+            self.spare = Some(back);
+        }
         let Some(a) = self.active.as_mut() else { return };
         let epochs = a.run.epochs_done();
-        if !(a.run.at_commit_point() && (a.run.checkpoint_due() || epochs > a.committed_epochs)) {
+        let epoch_ended = epochs > a.committed_epochs;
+        if !(a.run.at_commit_point() && (a.run.checkpoint_due() || epoch_ended)) {
+            return;
+        }
+        if self.writing > 0 && !epoch_ended && !a.run.is_finished() {
             return;
         }
         let t = Instant::now();
-        let state = match self.spares.try_recv() {
-            Ok(mut spare) => {
+        let state = match self.spare.take() {
+            Some(mut spare) => {
                 a.run.checkpoint_state_into(&mut spare);
                 spare
             }
-            Err(_) => Box::new(a.run.checkpoint_state()),
+            None => Box::new(a.run.checkpoint_state()),
         };
+        self.writing += 1;
         a.run.mark_saved(state.step);
         self.commit_time = t.elapsed();
-        let epoch_ended = (epochs > a.committed_epochs).then(|| epochs - 1);
+        let epoch_ended = epoch_ended.then(|| epochs - 1);
         a.committed_epochs = epochs;
         let id = a.id.clone();
         self.report(Report::Commit { id, state, epoch_ended });

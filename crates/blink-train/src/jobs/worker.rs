@@ -70,7 +70,14 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> Result<(Sender<Msg>, Executor), Stor
     let worker = Worker { shared, runs: runs_tx, spares: spares_tx, held: None, logged: HashMap::new() };
     std::thread::Builder::new()
         .name("blink-jobs".into())
-        .spawn(move || worker.run(rx))
+        .spawn(move || {
+            // Writing a checkpoint (tens of megabytes hashed and copied) yields to the
+            // engine's passes, as the HTTP threads do: when both cores compute, a pass's
+            // threads meet at barriers, and one preempted holds up all. (Not idle-only:
+            // a busy engine would then starve the writer, and commits with it.)
+            blink_runtime::affinity::lower_current_thread_priority(10);
+            worker.run(rx)
+        })
         .map_err(|e| StoreError::Io { path: PathBuf::from("<jobs worker>"), action: "cannot start", source: e })?;
     Ok((tx, executor))
 }
