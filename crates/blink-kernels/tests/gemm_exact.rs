@@ -206,8 +206,8 @@ fn activation_panels_do_not_change_results() {
     // chunks in the first call, each a block; then with a 1 KiB L1, chunks of a row (or
     // a tile's rows).
     let (rows, cols) = (400, 256);
-    let l1 = tiling::l1_bytes();
-    for l1 in [l1, 1 << 10] {
+    let own_l1 = tiling::l1_bytes();
+    for l1 in [own_l1, 1 << 10] {
         tiling::set_l1_bytes(l1);
         for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K].into_iter().enumerate() {
             let w = random_row_major(ty, rows, cols, 70 + i as u64);
@@ -220,6 +220,7 @@ fn activation_panels_do_not_change_results() {
             }
         }
     }
+    tiling::set_l1_bytes(own_l1);
     tiling::set_l2_bytes(before.0);
     tiling::set_l3_bytes(before.1);
 }

@@ -200,7 +200,7 @@ impl RingHead {
         let (tx, events) = tokio::sync::mpsc::unbounded_channel();
         let health = Arc::new(Health::default());
         let generation = health.next_generation();
-        let frames = FramePool::default();
+        let frames = FramePool::new();
         let senders = rt.block_on(connect::all(&spec, token, &sizes, tx, (health.clone(), generation), &frames))?;
         Ok(RingHead {
             rt,
@@ -274,10 +274,7 @@ impl RingHead {
         (frame.id, frame.first_layer) = (id, 0);
         frame.ops.clear();
         std::mem::swap(&mut frame.ops, &mut self.ops);
-        frame.mixes.truncate(adapters.len());
-        frame.mixes.resize_with(adapters.len(), Vec::new);
-        for (parts, mix) in frame.mixes.iter_mut().zip(adapters) {
-            parts.clear();
+        for (parts, mix) in frame.empty_mixes(adapters.len()).iter_mut().zip(adapters) {
             parts.extend(mix.adapters().iter().map(|(a, scale)| MixPart { adapter: a.id(), scale: *scale }));
         }
         frame.rows.clear();

@@ -15,7 +15,8 @@ pub enum Work {
     Step(StepFrame),
     /// An adapter's layer, its placement or its drop, from the head.
     Adapter(Message),
-    /// The assignment is over: steps still queued are dropped, and the thread ends.
+    /// The assignment is over: the work queued before this has run; the thread ends, and
+    /// work queued after it is dropped.
     End,
 }
 
@@ -123,7 +124,8 @@ pub fn run(mut windows: Windows, route: Route, mut streamer: Option<Streamer>, m
 }
 
 /// The assignment is over (its head gone or replaced): nothing more may be queued, and
-/// the steps that were are its old head's, dropped with the queue.
+/// what came after the end (a connection's step sent before it took the new queue) is
+/// the old head's, dropped with the queue.
 fn end(mut work: UnboundedReceiver<Work>) {
     work.close();
 }

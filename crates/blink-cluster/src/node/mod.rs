@@ -98,7 +98,7 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         eprintln!("blink node: listening on {local} (model {}, sha256 {})", opts.model.display(), auth::hex(&sha256));
         let (out, out_rx) = tmpsc::unbounded_channel();
-        let frames = FramePool::default();
+        let frames = FramePool::new();
         tokio::spawn(router::run(out_rx, opts.token.clone(), frames.clone()));
         let node = Arc::new(Node { n_layers: cfg.n_layers, kv_per_layer_token: 2 * cfg.kv_dim(), opts, sha256, file, assigned: Mutex::new(None), generation: AtomicU64::new(1), out, frames });
         let mut conns = 0u64;
@@ -193,17 +193,20 @@ impl Node {
         });
     }
 
-    /// Change the assignment with `change`. The compute thread of one it replaces or
-    /// clears ends once it has drained its queue (connections may still hold copies of
-    /// its queue; they take the new one at their next step).
+    /// Change the assignment with `change`. Any change of head (a new one, none, another)
+    /// moves the generation on, so connections take the queue again at their next step;
+    /// the compute thread of an assignment replaced or cleared is told to end once it has
+    /// run what it was given.
     fn assign(&self, change: impl FnOnce(&mut Option<Assigned>)) {
         let mut assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
-        let old = assigned.take();
-        *assigned = old.as_ref().map(|a| Assigned { head_conn: a.head_conn, work: a.work.clone() });
+        let before = assigned.as_ref().map(|a| (a.head_conn, a.work.clone()));
         change(&mut assigned);
-        if let Some(old) = old.filter(|o| assigned.as_ref().map(|a| a.head_conn) != Some(o.head_conn)) {
+        let after = assigned.as_ref().map(|a| a.head_conn);
+        if before.as_ref().map(|b| b.0) != after {
             self.generation.fetch_add(1, Ordering::AcqRel);
-            let _ = old.work.send(Work::End);
+            if let Some((_, old)) = before {
+                let _ = old.send(Work::End);
+            }
         }
     }
 

@@ -378,13 +378,13 @@ impl Message {
             READY => Message::Ready,
             STEP => {
                 let mut frame = pool.take();
-                match frame.read_from(&mut r) {
-                    Ok(()) => Message::Step(frame),
+                return match frame.read_from(&mut r).and_then(|()| r.finish("step")) {
+                    Ok(()) => Ok(Message::Step(frame)),
                     Err(e) => {
                         pool.give(frame);
-                        return Err(e);
+                        Err(e)
                     }
-                }
+                };
             }
             FAILED => Message::Failed { id: r.u64("failure")?, reason: r.str("failure")? },
             PING => Message::Ping { at: r.u64("ping")? },
@@ -409,6 +409,15 @@ impl Message {
 }
 
 impl StepFrame {
+    /// `n` empty mixes, in the vectors the frame had (so filling them allocates nothing
+    /// once the frame has carried as many parts).
+    pub fn empty_mixes(&mut self, n: usize) -> &mut [Vec<MixPart>] {
+        self.mixes.truncate(n);
+        self.mixes.resize_with(n, Vec::new);
+        self.mixes.iter_mut().for_each(Vec::clear);
+        &mut self.mixes
+    }
+
     /// Decode a step's fields into this frame, reusing its vectors' memory.
     fn read_from(&mut self, r: &mut Reader) -> Result<(), WireError> {
         self.id = r.u64("step")?;
@@ -428,10 +437,7 @@ impl StepFrame {
             });
         }
         let n = r.count(4, "adapter mixes")?;
-        self.mixes.truncate(n);
-        self.mixes.resize_with(n, Vec::new);
-        for mix in &mut self.mixes {
-            mix.clear();
+        for mix in self.empty_mixes(n) {
             for _ in 0..r.count(12, "adapter mixes")? {
                 mix.push(MixPart { adapter: r.u64("adapter mixes")?, scale: r.f32("adapter mixes")? });
             }

@@ -14,26 +14,28 @@ use super::{Message, StepFrame};
 const SPARES: usize = 64;
 
 /// A process's spare frames, shared by its connections' readers and writers (cloning
-/// shares the pool).
-#[derive(Clone)]
-pub struct FramePool(Arc<ArrayQueue<StepFrame>>);
-
-impl Default for FramePool {
-    fn default() -> FramePool {
-        FramePool(Arc::new(ArrayQueue::new(SPARES)))
-    }
-}
+/// shares the pool). The default pool keeps nothing (a connection's own until it is
+/// given its process's): it hands out new frames and drops the ones given back.
+#[derive(Clone, Default)]
+pub struct FramePool(Option<Arc<ArrayQueue<StepFrame>>>);
 
 impl FramePool {
+    /// A pool that keeps up to 64 spare frames.
+    pub fn new() -> FramePool {
+        FramePool(Some(Arc::new(ArrayQueue::new(SPARES))))
+    }
+
     /// A spare frame (its fields hold whatever it last carried), or a new empty one.
     pub fn take(&self) -> StepFrame {
-        self.0.pop().unwrap_or_default()
+        self.0.as_ref().and_then(|q| q.pop()).unwrap_or_default()
     }
 
     /// `frame`'s buffers, for a later frame.
     pub fn give(&self, frame: StepFrame) {
         // A full pool has spares enough: this one is dropped.
-        let _ = self.0.push(frame);
+        if let Some(q) = &self.0 {
+            let _ = q.push(frame);
+        }
     }
 
     /// A sent message's buffers, if it was a step.
@@ -45,6 +47,6 @@ impl FramePool {
 
     /// Spare frames held now.
     pub fn spares(&self) -> usize {
-        self.0.len()
+        self.0.as_ref().map_or(0, |q| q.len())
     }
 }

@@ -96,7 +96,7 @@ fn a_reused_frame_carries_nothing_of_the_step_before() {
     let parts = (1..4).map(|a| MixPart { adapter: a, scale: a as f32 }).collect();
     let row = WireRow { seq: 1, pos: 2, kind: RowKind::Training, adapter: Some(0), logits: false, grouped: false };
     steps.insert(1, Message::Step(StepFrame { id: 5, first_layer: 2, ops: vec![CacheOp::Release { seq: 1 }], mixes: vec![parts], rows: vec![row], hidden: vec![0.5; 4] }));
-    let pool = FramePool::default();
+    let pool = FramePool::new();
     let mut buf = Vec::new();
     // Each in turn, forwards, backwards and forwards again, every decoded step given back
     // for the next to reuse.
@@ -112,6 +112,13 @@ fn a_reused_frame_carries_nothing_of_the_step_before() {
         cut[8..12].copy_from_slice(&len.to_le_bytes());
         assert!(matches!(roundtrip_in(&cut, MAX_PAYLOAD, &pool), Err(WireError::Truncated(_))));
         assert_eq!(pool.spares(), 1, "a refused step's frame went back");
+        // And one with a byte too many.
+        let mut long = buf.clone();
+        long.push(0);
+        let len = (long.len() - HEADER) as u32;
+        long[8..12].copy_from_slice(&len.to_le_bytes());
+        assert!(matches!(roundtrip_in(&long, MAX_PAYLOAD, &pool), Err(WireError::Invalid(_))));
+        assert_eq!(pool.spares(), 1, "a step with bytes left over gave its frame back");
     }
 }
 

@@ -243,8 +243,9 @@ unsafe fn gemm<T: Float, const NR: usize, const NA: usize, const H: usize, const
     let rb = cols * T::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + rb, "activations too short");
-    // Float rows are wide (2 or 4 bytes an element): chunks of them stay in L2 (a quarter
-    // of the chunk_rows share, 128 KiB of a 1 MiB L2) while every activation tile passes.
+    // Float rows are wide (2 or 4 bytes an element): a chunk of them fills an eighth of
+    // L2 (128 KiB of a 1 MiB L2, as the constant before it) and stays there while every
+    // activation tile passes.
     let chunk = super::tiling::chunk_rows(rb, super::tiling::l2_bytes() / 4).next_multiple_of(NR * NR1);
     let last = rows.end - 1;
     let row = |i: usize| w.as_ptr().add(i.min(last) * rb);

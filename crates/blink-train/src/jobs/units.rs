@@ -58,11 +58,14 @@ pub struct Executor {
     /// Snapshots handed to the worker and not yet back (being written), and one back.
     writing: usize,
     spare: Option<Box<TrainState>>,
+    /// A checkpoint came due while the worker was writing and waits for the next commit
+    /// point (whichever step that is).
+    held: bool,
 }
 
 impl Executor {
     pub(crate) fn new(incoming: Receiver<Active>, reports: Sender<Msg>, spares: Receiver<Box<TrainState>>) -> Executor {
-        Executor { incoming, reports, spares, active: None, accepted: None, closed: false, commit_time: Duration::ZERO, writing: 0, spare: None }
+        Executor { incoming, reports, spares, active: None, accepted: None, closed: false, commit_time: Duration::ZERO, writing: 0, spare: None, held: false }
     }
 
     /// Take the run the worker handed over, if one came.
@@ -118,6 +121,11 @@ impl Executor {
         self.accepted = None;
         let a = self.active.as_mut()?;
         if a.control.cancelled() || (a.control.paused() && a.run.at_commit_point()) {
+            if !a.control.cancelled() {
+                // A paused job's steps are all committed before it lets go.
+                self.commit(true);
+            }
+            let a = self.active.as_mut()?;
             let id = a.id.clone();
             self.active = None;
             self.report(Report::Released { id });
@@ -193,10 +201,14 @@ impl Executor {
 
     /// At a commit point where a checkpoint is due or an epoch has ended since the last
     /// commit: report the state. A periodic checkpoint waits while the worker still writes
-    /// the last one (it runs at a lower priority than the engine's passes): the step is
-    /// committed with a later one, and snapshots never pile up. An epoch's end and the
-    /// run's end are committed at once.
+    /// the last one (it runs at a lower priority than the engine's passes): it is taken at
+    /// the next commit point instead, and snapshots never pile up. An epoch's end, the
+    /// run's end and a pause (`now`) are committed at once.
     fn commit_if_due(&mut self) {
+        self.commit(false)
+    }
+
+    fn commit(&mut self, now: bool) {
         while let Ok(back) = self.spares.try_recv() {
             self.writing = self.writing.saturating_sub(1);
             self.spare = Some(back);
@@ -204,12 +216,15 @@ impl Executor {
         let Some(a) = self.active.as_mut() else { return };
         let epochs = a.run.epochs_done();
         let epoch_ended = epochs > a.committed_epochs;
-        if !(a.run.at_commit_point() && (a.run.checkpoint_due() || epoch_ended)) {
+        let due = a.run.checkpoint_due() || (self.held && a.run.at_commit_point() && !a.run.step_saved());
+        if !(a.run.at_commit_point() && (due || epoch_ended)) {
             return;
         }
-        if self.writing > 0 && !epoch_ended && !a.run.is_finished() {
+        if self.writing > 0 && !(now || epoch_ended || a.run.is_finished()) {
+            self.held = true;
             return;
         }
+        self.held = false;
         let t = Instant::now();
         let state = match self.spare.take() {
             Some(mut spare) => {

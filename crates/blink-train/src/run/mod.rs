@@ -286,6 +286,11 @@ impl<H: Deref<Target = Model>> Finetune<H> {
         self.at_commit_point() && self.saved_step != Some(self.state.step) && (self.state.step.is_multiple_of(every) || self.is_finished())
     }
 
+    /// Whether the current step is the last one saved (or handed over to be saved).
+    pub fn step_saved(&self) -> bool {
+        self.saved_step == Some(self.state.step)
+    }
+
     /// Whether every unit has run.
     pub fn is_finished(&self) -> bool {
         self.cursor.is_done()
