@@ -118,6 +118,26 @@ fn bench_attention(c: &mut Criterion) {
             });
         }
     }
+    // Two or four rows of one prompt (six or twelve heads over the same keys and values),
+    // as a prompt's rows are attended together (elements: positions × heads).
+    for (rows, isa) in [2, 4].into_iter().flat_map(|rows| paths().into_iter().map(move |isa| (rows, isa))) {
+        let q2: Vec<f32> = values(rows * heads * hd, 6).iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+        group.throughput(Throughput::Elements((n * rows * heads) as u64));
+        group.bench_function(BenchmarkId::new(format!("f16-hd{hd}-gqa{heads}-rows{rows}"), isa), |b| {
+            let mut acc = vec![0f32; rows * heads * hd];
+            b.iter(|| {
+                let mut st = vec![Online::default(); rows * heads];
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                for at in (0..n).step_by(16) {
+                    let (kb, vb) = (&k[at * hd..(at + 16) * hd], &v[at * hd..(at + 16) * hd]);
+                    attention::attend_heads(isa, &q2, kb, vb, 16, 0.125, &mut st, &mut acc);
+                }
+                for (h, st) in st.iter().enumerate() {
+                    st.finish(&mut acc[h * hd..(h + 1) * hd]);
+                }
+            })
+        });
+    }
     group.finish();
 }
 

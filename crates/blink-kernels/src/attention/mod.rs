@@ -165,9 +165,10 @@ pub fn attend<T: CacheElem>(isa: Isa, q: &[f32], keys: &[T], values: &[T], n: us
 }
 
 /// [`attend`] for `states.len()` query heads over the same keys and values (the heads of
-/// one key/value group): `qs` and `accs` hold the heads' queries and accumulators one
-/// after another. Each head's result is exactly that of [`attend`]; sharing the rows
-/// saves their loads and conversions, and the heads' updates overlap.
+/// one key/value group, of one or more rows of a prompt): `qs` and `accs` hold the heads'
+/// queries and accumulators one after another. Each head's result is exactly that of
+/// [`attend`]; sharing the rows saves their loads and conversions, and the heads' updates
+/// overlap.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T], n: usize, scale: impl Into<Scale>, states: &mut [Online], accs: &mut [f32]) {
     let scale = scale.into();
@@ -241,17 +242,6 @@ fn attend_scalar<T: CacheElem>(q: &[f32], keys: &[T], values: &[T], n: usize, sc
     }
 }
 
-/// `e^x` of each element of a row, as a SIMD path computes it. A trait, not a closure
-/// argument: a closure does not take on its caller's target features, so the intrinsics
-/// in it would not inline (measured: 14% of a prompt's time in calls to single
-/// instructions).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-trait RowExp {
-    /// # Safety
-    /// The CPU must have the instructions the implementation uses.
-    unsafe fn exp(row: &mut [f32; CHUNK]);
-}
-
 impl Online {
     /// Take score `s`; returns the factor to rescale the accumulator by and the weight of
     /// this position's value.
@@ -265,48 +255,6 @@ impl Online {
             vs = (s - self.max).exp();
         }
         self.sum = self.sum.mul_add(ms, vs);
-        (ms, vs)
-    }
-
-    /// [`Online::step`] for positions `0..m` of `s`, per head: the factors of each head
-    /// and position. The running maxima are found first, so the `exp` calls do not wait
-    /// for each other (`exp` takes a whole row of arguments, the unused tail zero), and
-    /// the heads' sums are independent chains.
-    ///
-    /// # Safety
-    /// The CPU must have what `E::exp` needs.
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    unsafe fn steps<const P: usize, E: RowExp>(states: &mut [Online; P], s: &[[f32; CHUNK]; P], m: usize) -> ([[f32; CHUNK]; P], [[f32; CHUNK]; P]) {
-        let mut arg = [[0f32; CHUNK]; P];
-        let mut rose = [[false; CHUNK]; P];
-        for p in 0..P {
-            for t in 0..m {
-                rose[p][t] = s[p][t] > states[p].max;
-                if rose[p][t] {
-                    arg[p][t] = states[p].max - s[p][t];
-                    states[p].max = s[p][t];
-                } else {
-                    arg[p][t] = s[p][t] - states[p].max;
-                }
-            }
-        }
-        let (mut ms, mut vs) = ([[1f32; CHUNK]; P], [[1f32; CHUNK]; P]);
-        for p in 0..P {
-            E::exp(&mut arg[p]);
-            // Both rows written at every position, a select each: as stores chosen by
-            // `rose`, the compiler made scatters of them, slow on Zen 4.
-            for t in 0..m {
-                let (e, rose) = (arg[p][t], rose[p][t]);
-                ms[p][t] = if rose { e } else { 1.0 };
-                vs[p][t] = if rose { 1.0 } else { e };
-            }
-        }
-        for t in 0..m {
-            for p in 0..P {
-                states[p].sum = states[p].sum.mul_add(ms[p][t], vs[p][t]);
-            }
-        }
         (ms, vs)
     }
 }
@@ -414,7 +362,7 @@ mod tests {
     fn heads_and_chunks_equal_the_scalar_definition() {
         let mut seed = 1;
         for hd in [64, 128, 16, 48, 80, 96] {
-            for heads in [1, 2, 3, 4, 7] {
+            for heads in [1, 2, 3, 4, 5, 6, 7, 9, 12, 13] {
                 for n in (1..=40).chain([63, 100]) {
                     if hd != 64 && n % 7 != 0 && n > 3 {
                         continue;

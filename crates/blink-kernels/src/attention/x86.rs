@@ -3,8 +3,10 @@
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
+use std::ptr::{addr_of, addr_of_mut};
 
-use super::{Online, RowExp, Scale, CHUNK};
+use super::{Online, Scale, CHUNK};
+use crate::x86::transpose8;
 
 /// f16 keys and values, heads of `hd` elements (a multiple of 16): the chunked kernel
 /// for 64 and 128, the per-position one otherwise.
@@ -26,19 +28,19 @@ pub(super) unsafe fn attend_f16(avx512: bool, qs: &[f32], keys: &[u16], values: 
     }
 }
 
-/// Two heads at a time (chosen by measurement: AVX2's sixteen registers hold one
-/// head's 64-element accumulator, but sharing the key and value rows pays for spills;
-/// three heads, or value updates 32 elements at a time, measured 12-16% slower).
+/// AVX2's sixteen registers: value updates of up to six heads, 16 elements of each at a time
+/// ([`update_values`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn chunked_avx2<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
-    chunked::<W, 2>(q, k, v, n, scale, states, acc)
+    chunked::<W, false>(q, k, v, n, scale, states, acc)
 }
 
-/// The same instructions with AVX-512VL's 32 registers: three heads at a time. (On
-/// Zen 4, which splits 512-bit operations in two, 512-bit vectors measured slower.)
+/// The same instructions with AVX-512VL's 32 registers: 32 elements of each head at a
+/// time. (On Zen 4, which splits 512-bit operations in two, 512-bit vectors measured
+/// slower.)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 unsafe fn chunked_avx512<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
-    chunked::<W, 3>(q, k, v, n, scale, states, acc)
+    chunked::<W, true>(q, k, v, n, scale, states, acc)
 }
 
 /// `dst[i] = f16(src[i])` (nearest, ties to even) as bits, eight at a time: inlined,
@@ -124,111 +126,312 @@ impl V16 {
     }
 }
 
-/// The heads over `n` positions, `CHUNK` at a time; `P` heads at a time (the rest one
-/// by one), so they share each key and value row's load and widening. Heads are `16·W`
-/// elements, W a multiple of 4 (whole 64-element dot-product steps).
+/// Heads a chunk keeps scores and softmax factors for (two vectors of lanes); more heads
+/// go in turns.
+const MAX_HEADS: usize = 16;
+
+/// A chunk's working rows (on the stack of one call; each element is written before it is
+/// read, so none is initialised, and they are reached through raw pointers).
+struct Chunk {
+    /// Scaled scores, a row of positions per head.
+    scores: [[f32; CHUNK]; MAX_HEADS],
+    /// Rescale factors and value weights, a row of heads per position.
+    ms: [[f32; MAX_HEADS]; CHUNK],
+    vs: [[f32; MAX_HEADS]; CHUNK],
+    /// Per position, a bit for each head whose maximum it raised.
+    rose: [u32; CHUNK],
+}
+
+/// The heads over `n` positions, `CHUNK` at a time, up to [`MAX_HEADS`] heads together so
+/// that they share each key and value row's load and widening. Heads are `16·W` elements,
+/// W a multiple of 4 (whole 64-element dot-product steps); `WIDE`: 32 vector registers.
 #[inline(always)]
-unsafe fn chunked<const W: usize, const P: usize>(qs: *const f32, keys: *const u16, values: *const u16, n: usize, scale: Scale, states: &mut [Online], accs: *mut f32) {
+unsafe fn chunked<const W: usize, const WIDE: bool>(qs: *const f32, keys: *const u16, values: *const u16, n: usize, scale: Scale, states: &mut [Online], accs: *mut f32) {
     let hd = 16 * W;
-    for c in (0..n).step_by(CHUNK) {
-        let m = (n - c).min(CHUNK);
-        let (k, v) = (keys.add(c * hd), values.add(c * hd));
-        let mut h = 0;
-        for group in states.chunks_mut(P) {
-            let (q, acc) = (qs.add(h * hd), accs.add(h * hd));
-            if group.len() == P {
-                heads::<W, P>(q, k, v, m, scale, group, acc);
+    let mut chunk = MaybeUninit::<Chunk>::uninit();
+    let chunk = chunk.as_mut_ptr();
+    for (turn, states) in states.chunks_mut(MAX_HEADS).enumerate() {
+        let (q, acc) = (qs.add(turn * MAX_HEADS * hd), accs.add(turn * MAX_HEADS * hd));
+        for c in (0..n).step_by(CHUNK) {
+            let m = (n - c).min(CHUNK);
+            let (k, v) = (keys.add(c * hd), values.add(c * hd));
+            if WIDE {
+                scores::<W, 3>(q, k, m, scale.mul, states.len(), chunk);
             } else {
-                for (i, state) in group.iter_mut().enumerate() {
-                    heads::<W, 1>(q.add(i * hd), k, v, m, scale, std::slice::from_mut(state), acc.add(i * hd));
+                scores::<W, 0>(q, k, m, scale.mul, states.len(), chunk);
+            }
+            if let Some(cap) = scale.cap {
+                let scores = addr_of_mut!((*chunk).scores) as *mut f32;
+                for p in 0..states.len() {
+                    for t in 0..m {
+                        let x = scores.add(p * CHUNK + t);
+                        *x = cap * (*x).tanh();
+                    }
                 }
             }
-            h += group.len();
+            match states.len() {
+                1 => softmax_steps_few::<1>(states, m, chunk),
+                2 => softmax_steps_few::<2>(states, m, chunk),
+                3 => softmax_steps_few::<3>(states, m, chunk),
+                _ => softmax_steps(states, m, chunk),
+            }
+            update_values::<W, WIDE>(v, m, states.len(), chunk, acc);
         }
     }
 }
 
-/// `P` heads over `m` (at most `CHUNK`) positions: every score, then every softmax
-/// step, then the value updates with the accumulators held in registers.
+/// Every head's value updates for `m` positions: heads in groups of at most six, each
+/// group's accumulators `S` vectors at a time. A vector's update (an FMA, then the f16
+/// round trip ggml's f16 accumulator defines) waits on the one before, 14 cycles on Zen
+/// 4, and the round trip takes ~1.75 cycles of throughput: a dozen independent updates
+/// keep it busy, fewer leave it waiting.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn heads<const W: usize, const P: usize>(qs: *const f32, keys: *const u16, values: *const u16, m: usize, scale: Scale, states: &mut [Online], accs: *mut f32) {
-    let hd = 16 * W;
-    let mut s = scores::<W, P>(qs, keys, m, scale.mul);
-    if scale.cap.is_some() {
-        s.iter_mut().for_each(|row| row[..m].iter_mut().for_each(|x| *x = scale.cap(*x)));
+unsafe fn update_values<const W: usize, const WIDE: bool>(values: *const u16, m: usize, heads: usize, chunk: *const Chunk, accs: *mut f32) {
+    let mut p = 0;
+    while p < heads {
+        // Groups as even as they can be: 7 heads as 4 and 3, not 6 and 1.
+        let g = (heads - p).div_ceil((heads - p).div_ceil(6));
+        match (WIDE, g) {
+            (false, 6) => update::<W, 6, 2>(values, m, p, chunk, accs),
+            (false, 5) => update::<W, 5, 2>(values, m, p, chunk, accs),
+            (false, 4) => update::<W, 4, 2>(values, m, p, chunk, accs),
+            (false, 3) => update::<W, 3, 4>(values, m, p, chunk, accs),
+            (false, 2) => update::<W, 2, 4>(values, m, p, chunk, accs),
+            (true, 6) => update::<W, 6, 4>(values, m, p, chunk, accs),
+            (true, 5) => update::<W, 5, 4>(values, m, p, chunk, accs),
+            (true, 4) => update::<W, 4, 4>(values, m, p, chunk, accs),
+            (true, 3) => update::<W, 3, 4>(values, m, p, chunk, accs),
+            (true, 2) => update::<W, 2, 8>(values, m, p, chunk, accs),
+            _ => update::<W, 1, 8>(values, m, p, chunk, accs),
+        }
+        p += g;
     }
-    let (ms, vs) = Online::steps::<P, LibmExp>(states.try_into().unwrap(), &s, m);
-    // 64 elements of each head at a time.
-    for w0 in (0..W).step_by(4) {
-        let mut acc: [[V16; 4]; P] = std::array::from_fn(|p| std::array::from_fn(|i| V16::load(accs.add(p * hd + 16 * (w0 + i)))));
+}
+
+/// Heads `p0..p0 + G` over `m` positions, their accumulators `S` vectors (8·S elements) at
+/// a time held in registers across the positions: rescaled where a position raised the
+/// maximum, then `v·vs + acc`, each rounded to f16. The value vectors stay in registers
+/// across the heads, or the heads' weights across the value vectors, whichever takes
+/// fewer registers.
+#[inline(always)]
+unsafe fn update<const W: usize, const G: usize, const S: usize>(values: *const u16, m: usize, p0: usize, chunk: *const Chunk, accs: *mut f32) {
+    let hd = 16 * W;
+    let group = ((1u32 << G) - 1) << p0;
+    let (ms, vs, rose) = (addr_of!((*chunk).ms) as *const f32, addr_of!((*chunk).vs) as *const f32, addr_of!((*chunk).rose) as *const u32);
+    for s0 in (0..hd / 8).step_by(S) {
+        let at = |g: usize, i: usize| accs.add((p0 + g) * hd + 8 * (s0 + i));
+        let mut acc = [[_mm256_setzero_ps(); S]; G];
+        for (g, a) in acc.iter_mut().enumerate() {
+            for (i, a) in a.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(at(g, i));
+            }
+        }
         for t in 0..m {
-            let v: [V16; 4] = std::array::from_fn(|i| V16::load_f16(values.add(t * hd + 16 * (w0 + i))));
-            for p in 0..P {
-                if ms[p][t] != 1.0 {
-                    let f = V16::splat(ms[p][t]);
-                    acc[p].iter_mut().for_each(|a| *a = a.mul(f).round_f16());
+            // This position's factors of the group's heads.
+            let (ms, vs) = (ms.add(t * MAX_HEADS + p0), vs.add(t * MAX_HEADS + p0));
+            if *rose.add(t) & group != 0 {
+                for (g, a) in acc.iter_mut().enumerate() {
+                    let rescale = *ms.add(g);
+                    if rescale != 1.0 {
+                        let f = _mm256_set1_ps(rescale);
+                        // (Loops, not closures: a closure does not take on the target
+                        // features, so its intrinsics would be calls.)
+                        for a in a.iter_mut() {
+                            *a = round8(_mm256_mul_ps(*a, f));
+                        }
+                    }
                 }
-                let f = V16::splat(vs[p][t]);
-                for (a, v) in acc[p].iter_mut().zip(v) {
-                    *a = v.fma(f, *a).round_f16();
+            }
+            let value = |i: usize| _mm256_cvtph_ps(_mm_loadu_si128(values.add(t * hd + 8 * (s0 + i)) as *const __m128i));
+            if S <= G {
+                let mut v = [_mm256_setzero_ps(); S];
+                for (i, v) in v.iter_mut().enumerate() {
+                    *v = value(i);
+                }
+                for (g, a) in acc.iter_mut().enumerate() {
+                    let f = _mm256_set1_ps(*vs.add(g));
+                    for (a, v) in a.iter_mut().zip(v) {
+                        *a = round8(_mm256_fmadd_ps(v, f, *a));
+                    }
+                }
+            } else {
+                let mut f = [_mm256_setzero_ps(); G];
+                for (g, f) in f.iter_mut().enumerate() {
+                    *f = _mm256_set1_ps(*vs.add(g));
+                }
+                for i in 0..S {
+                    let v = value(i);
+                    for (a, f) in acc.iter_mut().zip(f) {
+                        a[i] = round8(_mm256_fmadd_ps(v, f, a[i]));
+                    }
                 }
             }
         }
-        for (p, a) in acc.iter().enumerate() {
+        for (g, a) in acc.iter().enumerate() {
             for (i, a) in a.iter().enumerate() {
-                a.store(accs.add(p * hd + 16 * (w0 + i)));
+                _mm256_storeu_ps(at(g, i), *a);
             }
         }
     }
 }
 
-/// libm's `expf` bits (as llama.cpp's attention has them), eight at a time (AVX2+FMA).
-struct LibmExp;
-
-impl RowExp for LibmExp {
-    #[inline(always)]
-    unsafe fn exp(row: &mut [f32; CHUNK]) {
-        for at in (0..CHUNK).step_by(8) {
-            let p = row.as_mut_ptr().add(at);
-            _mm256_storeu_ps(p, crate::libm_expf::expf8(_mm256_loadu_ps(p)));
+/// [`Online::step`] for `states.len()` heads over a chunk's positions `0..m`, eight heads
+/// a vector: each position's rescale factors and value weights. The running maxima go
+/// position by position (a compare, a blend and a max per eight heads, no branch); each
+/// head's row of `exp` arguments is taken eight positions at a time (glibc's `expf`, as
+/// llama.cpp's attention has it).
+#[inline(always)]
+unsafe fn softmax_steps(states: &mut [Online], m: usize, chunk: *mut Chunk) {
+    let heads = states.len();
+    let (scores, ms, vs) = (addr_of!((*chunk).scores) as *const f32, addr_of_mut!((*chunk).ms) as *mut f32, addr_of_mut!((*chunk).vs) as *mut f32);
+    let rose_bits = addr_of_mut!((*chunk).rose) as *mut u32;
+    for t in 0..m {
+        *rose_bits.add(t) = 0;
+    }
+    let one = _mm256_set1_ps(1.0);
+    for g in (0..heads).step_by(8) {
+        let lanes = (heads - g).min(8);
+        let (mut max, mut sum) = ([0f32; 8], [0f32; 8]);
+        for (i, state) in states[g..g + lanes].iter().enumerate() {
+            (max[i], sum[i]) = (state.max, state.sum);
+        }
+        let (mut max, mut sum) = (_mm256_loadu_ps(max.as_ptr()), _mm256_loadu_ps(sum.as_ptr()));
+        // The group's scores by position (lanes past the heads are zeros).
+        let mut at = [_mm256_setzero_ps(); CHUNK];
+        for c in (0..m).step_by(8) {
+            let mut rows = [_mm256_setzero_ps(); 8];
+            for (i, row) in rows[..lanes].iter_mut().enumerate() {
+                *row = _mm256_loadu_ps(scores.add((g + i) * CHUNK + c));
+            }
+            at[c..c + 8].copy_from_slice(&transpose8(rows));
+        }
+        // Each position's `exp` argument (in place) and whether it raised the maximum.
+        let mut rose = [_mm256_setzero_ps(); CHUNK];
+        for (t, (x, rose)) in at[..m].iter_mut().zip(&mut rose).enumerate() {
+            *rose = _mm256_cmp_ps::<_CMP_GT_OQ>(*x, max);
+            *rose_bits.add(t) |= (_mm256_movemask_ps(*rose) as u32) << g;
+            let arg = _mm256_blendv_ps(_mm256_sub_ps(*x, max), _mm256_sub_ps(max, *x), *rose);
+            // `x > max ? x : max`, as the scalar step takes it (NaNs included).
+            max = _mm256_max_ps(*x, max);
+            *x = arg;
+        }
+        // e^arg, a head's row at a time, back by position.
+        for c in (0..m).step_by(8) {
+            let mut rows = transpose8(at[c..c + 8].try_into().unwrap());
+            for row in rows[..lanes].iter_mut() {
+                *row = crate::libm_expf::expf8(*row);
+            }
+            at[c..c + 8].copy_from_slice(&transpose8(rows));
+        }
+        for t in 0..m {
+            let (e, rose) = (at[t], rose[t]);
+            let (msv, vsv) = (_mm256_blendv_ps(one, e, rose), _mm256_blendv_ps(e, one, rose));
+            sum = _mm256_fmadd_ps(sum, msv, vsv);
+            _mm256_storeu_ps(ms.add(t * MAX_HEADS + g), msv);
+            _mm256_storeu_ps(vs.add(t * MAX_HEADS + g), vsv);
+        }
+        let (mut maxes, mut sums) = ([0f32; 8], [0f32; 8]);
+        _mm256_storeu_ps(maxes.as_mut_ptr(), max);
+        _mm256_storeu_ps(sums.as_mut_ptr(), sum);
+        for (i, state) in states[g..g + lanes].iter_mut().enumerate() {
+            (state.max, state.sum) = (maxes[i], sums[i]);
         }
     }
 }
 
-/// The scaled scores of `P` queries against `m` keys, in ggml's order: four 16-lane
-/// FMA accumulators over 64-element steps, folded (`a0+a2`, `a1+a3`, then their sum)
-/// and reduced as `_mm512_reduce_add_ps` does, eight positions at a time.
+/// [`softmax_steps`] for `P` heads (fewer than a vector's worth pays more in transposes
+/// than it saves): one head after another, the same steps in scalars.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // t indexes the keys and every head's row alike
-unsafe fn scores<const W: usize, const P: usize>(qs: *const f32, keys: *const u16, m: usize, scale: f32) -> [[f32; CHUNK]; P] {
-    let hd = 16 * W;
-    let q: [[V16; W]; P] = std::array::from_fn(|p| std::array::from_fn(|w| V16::load(qs.add(p * hd + 16 * w))));
-    // Rows past `m` (up to a multiple of 8) are zeros; the rest is never read.
-    let mut folded = [[MaybeUninit::<__m256>::uninit(); CHUNK]; P];
-    for row in folded.iter_mut() {
-        row[m..m.next_multiple_of(8)].fill(MaybeUninit::new(_mm256_setzero_ps()));
+unsafe fn softmax_steps_few<const P: usize>(states: &mut [Online], m: usize, chunk: *mut Chunk) {
+    let (scores, ms, vs) = (addr_of!((*chunk).scores) as *const f32, addr_of_mut!((*chunk).ms) as *mut f32, addr_of_mut!((*chunk).vs) as *mut f32);
+    let rose_bits = addr_of_mut!((*chunk).rose) as *mut u32;
+    // The running maxima first, so that the `exp` calls do not wait for each other.
+    let mut arg = [[0f32; CHUNK]; P];
+    let mut rose = [[false; CHUNK]; P];
+    for (p, state) in states.iter_mut().enumerate() {
+        for t in 0..m {
+            let x = *scores.add(p * CHUNK + t);
+            rose[p][t] = x > state.max;
+            if rose[p][t] {
+                arg[p][t] = state.max - x;
+                state.max = x;
+            } else {
+                arg[p][t] = x - state.max;
+            }
+        }
     }
     for t in 0..m {
-        let k: [V16; W] = std::array::from_fn(|w| V16::load_f16(keys.add(t * hd + 16 * w)));
-        for p in 0..P {
-            let mut a = [V16::zero(); 4];
-            for w in 0..W {
-                a[w % 4] = q[p][w].fma(k[w], a[w % 4]);
-            }
-            folded[p][t] = MaybeUninit::new(a[0].add(a[2]).add(a[1].add(a[3])).fold8());
+        *rose_bits.add(t) = 0;
+    }
+    for p in 0..P {
+        for c in (0..CHUNK).step_by(8) {
+            let at = arg[p].as_mut_ptr().add(c);
+            _mm256_storeu_ps(at, crate::libm_expf::expf8(_mm256_loadu_ps(at)));
+        }
+        for t in 0..m {
+            let (e, rose) = (arg[p][t], rose[p][t]);
+            *ms.add(t * MAX_HEADS + p) = if rose { e } else { 1.0 };
+            *vs.add(t * MAX_HEADS + p) = if rose { 1.0 } else { e };
+            *rose_bits.add(t) |= (rose as u32) << p;
         }
     }
-    let mut s = [[0f32; CHUNK]; P];
+    for t in 0..m {
+        for (p, state) in states.iter_mut().enumerate() {
+            state.sum = state.sum.mul_add(*ms.add(t * MAX_HEADS + p), *vs.add(t * MAX_HEADS + p));
+        }
+    }
+}
+
+/// The scaled scores of `heads` queries against `m` keys into the chunk, in ggml's order:
+/// four 16-lane FMA accumulators over 64-element steps, folded (`a0+a2`, `a1+a3`, then
+/// their sum) and reduced as `_mm512_reduce_add_ps` does, eight positions at a time (up
+/// to a multiple of 8: the positions past `m` are zeros). Each key row is widened once for
+/// every `Q` heads, whose queries wait in registers (AVX-512's 32 hold three heads'), or,
+/// with `Q == 0`, once for all the heads, whose queries are read from memory (AVX2's 16
+/// hold one).
+#[inline(always)]
+unsafe fn scores<const W: usize, const Q: usize>(qs: *const f32, keys: *const u16, m: usize, scale: f32, heads: usize, chunk: *mut Chunk) {
+    let hd = 16 * W;
+    // Rows past `m` (up to a multiple of 8) are zeros; the rest is never read.
+    let mut folded = [[MaybeUninit::<__m256>::uninit(); CHUNK]; MAX_HEADS];
+    for row in folded[..heads].iter_mut() {
+        row[m..m.next_multiple_of(8)].fill(MaybeUninit::new(_mm256_setzero_ps()));
+    }
+    // Heads in groups of `Q` whose queries stay in registers (AVX-512's), or all together
+    // with the queries read from memory (`Q == 0`).
+    let group = if Q == 0 { heads } else { Q };
+    for p0 in (0..heads).step_by(group) {
+        let n = group.min(heads - p0);
+        let mut q = [[V16::zero(); W]; Q];
+        for (p, q) in q.iter_mut().enumerate().take(n) {
+            for (w, q) in q.iter_mut().enumerate() {
+                *q = V16::load(qs.add((p0 + p) * hd + 16 * w));
+            }
+        }
+        for t in 0..m {
+            let mut k = [V16::zero(); W];
+            for (w, k) in k.iter_mut().enumerate() {
+                *k = V16::load_f16(keys.add(t * hd + 16 * w));
+            }
+            for (p, row) in folded[p0..p0 + n].iter_mut().enumerate() {
+                let mut a = [V16::zero(); 4];
+                for (w, k) in k.iter().enumerate() {
+                    let qw = if Q == 0 { V16::load(qs.add((p0 + p) * hd + 16 * w)) } else { q[p][w] };
+                    a[w % 4] = qw.fma(*k, a[w % 4]);
+                }
+                row[t] = MaybeUninit::new(a[0].add(a[2]).add(a[1].add(a[3])).fold8());
+            }
+        }
+    }
     let sv = _mm256_set1_ps(scale);
-    for p in 0..P {
+    let scores = addr_of_mut!((*chunk).scores) as *mut f32;
+    for (p, folded) in folded[..heads].iter().enumerate() {
         for c in (0..m).step_by(8) {
             // SAFETY: rows c..c + 8 were written above.
-            let f = &*(folded[p][c..c + 8].as_ptr() as *const [__m256; 8]);
-            _mm256_storeu_ps(s[p].as_mut_ptr().add(c), _mm256_mul_ps(hsum8x8(f), sv));
+            let f = &*(folded[c..c + 8].as_ptr() as *const [__m256; 8]);
+            _mm256_storeu_ps(scores.add(p * CHUNK + c), _mm256_mul_ps(hsum8x8(f), sv));
         }
     }
-    s
 }
 
 /// The horizontal sums of eight 8-lane vectors (their lanes in position order), each
