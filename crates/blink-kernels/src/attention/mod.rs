@@ -8,9 +8,10 @@
 //! kept in f16, rounded after every update. An f32 cache keeps everything in f32.
 //!
 //! Callers feed positions block by block ([`attend`], or [`attend_heads`] for the query
-//! heads that share one key/value head); [`Online`] carries the softmax state between
-//! blocks and [`Online::finish`] normalises the accumulator. The scalar `attend_scalar`
-//! defines the results; the SIMD kernels equal it bit for bit.
+//! heads that share one key/value head, of one row or of several rows of a prompt);
+//! [`Online`] carries the softmax state between blocks and [`Online::finish`] normalises
+//! the accumulator. The scalar `attend_scalar` defines the results; the SIMD kernels equal
+//! it bit for bit.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -362,7 +363,7 @@ mod tests {
     fn heads_and_chunks_equal_the_scalar_definition() {
         let mut seed = 1;
         for hd in [64, 128, 16, 48, 80, 96] {
-            for heads in [1, 2, 3, 4, 5, 6, 7, 9, 12, 13] {
+            for heads in [1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 17] {
                 for n in (1..=40).chain([63, 100]) {
                     if hd != 64 && n % 7 != 0 && n > 3 {
                         continue;
@@ -382,6 +383,32 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Soft-capped scores (Gemma 2's), several heads together: each head equals the scalar
+    /// definition.
+    #[test]
+    fn capped_heads_equal_the_scalar_definition() {
+        let (hd, n, heads) = (64, 40, 6);
+        let (q, k, v) = data(n, hd, heads, 77, true, 1.0);
+        let scale = Scale::new(0.125, Some(5.0));
+        let attend_all = |isa: Isa, heads: usize, q: &[f32]| {
+            let mut qr = vec![0f32; q.len()];
+            prepare_query::<f16>(q, &mut qr);
+            let (mut acc, mut st) = (vec![0f32; q.len()], vec![Online::default(); heads]);
+            for at in (0..n).step_by(16) {
+                let end = (at + 16).min(n);
+                attend_heads(isa, &qr, &k[at * hd..end * hd], &v[at * hd..end * hd], end - at, scale, &mut st, &mut acc);
+            }
+            for (h, st) in st.iter().enumerate() {
+                st.finish(&mut acc[h * hd..(h + 1) * hd]);
+            }
+            bits(&acc)
+        };
+        let want: Vec<u32> = (0..heads).flat_map(|h| attend_all(Isa::Scalar, 1, &q[h * hd..(h + 1) * hd])).collect();
+        for isa in simd_paths() {
+            assert_eq!(attend_all(isa, heads, &q), want, "{isa}");
         }
     }
 

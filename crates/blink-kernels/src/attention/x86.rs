@@ -28,16 +28,16 @@ pub(super) unsafe fn attend_f16(avx512: bool, qs: &[f32], keys: &[u16], values: 
     }
 }
 
-/// AVX2's sixteen registers: value updates of up to six heads, 16 elements of each at a time
-/// ([`update_values`]).
+/// AVX2's sixteen registers: value updates of six heads 16 elements at a time, or of
+/// fewer heads more elements ([`update_values`]); the queries are read from memory.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn chunked_avx2<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
     chunked::<W, false>(q, k, v, n, scale, states, acc)
 }
 
-/// The same instructions with AVX-512VL's 32 registers: 32 elements of each head at a
-/// time. (On Zen 4, which splits 512-bit operations in two, 512-bit vectors measured
-/// slower.)
+/// The same instructions with AVX-512VL's 32 registers: value updates of up to six heads
+/// 32 elements at a time, and three heads' queries held in registers while they score.
+/// (On Zen 4, which splits 512-bit operations in two, 512-bit vectors measured slower.)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
 unsafe fn chunked_avx512<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
     chunked::<W, true>(q, k, v, n, scale, states, acc)
@@ -208,6 +208,13 @@ unsafe fn update_values<const W: usize, const WIDE: bool>(values: *const u16, m:
     }
 }
 
+/// Eight f16 values at `p`, widened. (A function, not a closure: a closure does not take
+/// on the target features, so its intrinsics could be calls.)
+#[inline(always)]
+unsafe fn value8(p: *const u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
 /// Heads `p0..p0 + G` over `m` positions, their accumulators `S` vectors (8·S elements) at
 /// a time held in registers across the positions: rescaled where a position raised the
 /// maximum, then `v·vs + acc`, each rounded to f16. The value vectors stay in registers
@@ -242,11 +249,10 @@ unsafe fn update<const W: usize, const G: usize, const S: usize>(values: *const 
                     }
                 }
             }
-            let value = |i: usize| _mm256_cvtph_ps(_mm_loadu_si128(values.add(t * hd + 8 * (s0 + i)) as *const __m128i));
             if S <= G {
                 let mut v = [_mm256_setzero_ps(); S];
                 for (i, v) in v.iter_mut().enumerate() {
-                    *v = value(i);
+                    *v = value8(values.add(t * hd + 8 * (s0 + i)));
                 }
                 for (g, a) in acc.iter_mut().enumerate() {
                     let f = _mm256_set1_ps(*vs.add(g));
@@ -260,7 +266,7 @@ unsafe fn update<const W: usize, const G: usize, const S: usize>(values: *const 
                     *f = _mm256_set1_ps(*vs.add(g));
                 }
                 for i in 0..S {
-                    let v = value(i);
+                    let v = value8(values.add(t * hd + 8 * (s0 + i)));
                     for (a, f) in acc.iter_mut().zip(f) {
                         a[i] = round8(_mm256_fmadd_ps(v, f, a[i]));
                     }
@@ -339,8 +345,9 @@ unsafe fn softmax_steps(states: &mut [Online], m: usize, chunk: *mut Chunk) {
     }
 }
 
-/// [`softmax_steps`] for `P` heads (fewer than a vector's worth pays more in transposes
-/// than it saves): one head after another, the same steps in scalars.
+/// [`softmax_steps`] for `P` heads, up to three (for so few, the transposes cost more than
+/// the vector steps save): the maxima one head after another in scalars, each head's `exp`
+/// arguments eight at a time.
 #[inline(always)]
 unsafe fn softmax_steps_few<const P: usize>(states: &mut [Online], m: usize, chunk: *mut Chunk) {
     let (scores, ms, vs) = (addr_of!((*chunk).scores) as *const f32, addr_of_mut!((*chunk).ms) as *mut f32, addr_of_mut!((*chunk).vs) as *mut f32);
@@ -364,7 +371,7 @@ unsafe fn softmax_steps_few<const P: usize>(states: &mut [Online], m: usize, chu
         *rose_bits.add(t) = 0;
     }
     for p in 0..P {
-        for c in (0..CHUNK).step_by(8) {
+        for c in (0..m).step_by(8) {
             let at = arg[p].as_mut_ptr().add(c);
             _mm256_storeu_ps(at, crate::libm_expf::expf8(_mm256_loadu_ps(at)));
         }
@@ -386,9 +393,9 @@ unsafe fn softmax_steps_few<const P: usize>(states: &mut [Online], m: usize, chu
 /// four 16-lane FMA accumulators over 64-element steps, folded (`a0+a2`, `a1+a3`, then
 /// their sum) and reduced as `_mm512_reduce_add_ps` does, eight positions at a time (up
 /// to a multiple of 8: the positions past `m` are zeros). Each key row is widened once for
-/// every `Q` heads, whose queries wait in registers (AVX-512's 32 hold three heads'), or,
-/// with `Q == 0`, once for all the heads, whose queries are read from memory (AVX2's 16
-/// hold one).
+/// every `Q` heads, whose queries wait in registers (three heads of 64 elements fill
+/// AVX-512's 32 with the key row), or, with `Q == 0`, once for all the heads, whose queries
+/// are read from memory (AVX2's 16 hold one key row and the sums).
 #[inline(always)]
 unsafe fn scores<const W: usize, const Q: usize>(qs: *const f32, keys: *const u16, m: usize, scale: f32, heads: usize, chunk: *mut Chunk) {
     let hd = 16 * W;

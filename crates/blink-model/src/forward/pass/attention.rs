@@ -209,7 +209,7 @@ impl<T: StoreOf> Pass<'_, T> {
         // attention 1.25x faster), where rows are plenty.
         let prompt_rows = self.rows.windows(2).any(|p| p[0].seq == p[1].seq);
         let rows_per_item = if whole && prompt_rows && self.rows.len() >= 8 * threads {
-            6usize.div_ceil(group).min(qg.len() / (group * hd)).min(states.len() / group).max(1)
+            6usize.div_ceil(group).min(qg.len() / (group * hd)).min(states.len() / group)
         } else {
             1
         };
@@ -264,8 +264,8 @@ impl<T: StoreOf> Pass<'_, T> {
                 attention::prefetch(keys, values);
             }
         };
-        // Queries `qs` (of rows of `r`'s sequence, head `h`'s key/value head) over its
-        // positions `lo..hi`.
+        // Queries `qs` (of rows of one sequence, `r` any of them: it picks the block table;
+        // head `h`'s key/value head) over the sequence's positions `lo..hi`.
         let run = |r: usize, h: usize, lo: usize, hi: usize, qs: &[f32], states: &mut [Online], acc: &mut [f32]| {
             if lo >= hi {
                 return;
