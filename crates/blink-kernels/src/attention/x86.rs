@@ -94,7 +94,7 @@ impl V16 {
     /// Sixteen f16 values at `p`, widened (exactly).
     #[inline(always)]
     unsafe fn load_f16(p: *const u16) -> Self {
-        V16(_mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)), _mm256_cvtph_ps(_mm_loadu_si128(p.add(8) as *const __m128i)))
+        V16(value8(p), value8(p.add(8)))
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
