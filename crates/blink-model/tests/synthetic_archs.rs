@@ -242,6 +242,36 @@ fn gemma2_with_soft_capped_scores_and_a_short_window_runs() {
     assert_eq!(run(&[("attention.sliding_window", Value::U32(7)), meta[1].clone()]), run(&[("attention.sliding_window", Value::U32(64)), meta[1].clone()]));
 }
 
+/// Logits of every position of `prompt`, computed `chunk` rows a step.
+fn logits_in_chunks(model: &Model, threads: usize, prompt: &[u32], chunk: usize) -> Vec<Vec<f32>> {
+    let pool = model.pool(threads).unwrap();
+    let mut kv = model.new_kv_cache(prompt.len() + 64, KvType::F16);
+    let seq = kv.new_seq();
+    let mut scratch = Scratch::new(model, chunk, chunk, 64, threads);
+    let mut out = Vec::new();
+    for (c, tokens) in prompt.chunks(chunk).enumerate() {
+        let rows: Vec<StepRow> = tokens.iter().enumerate().map(|(i, &token)| StepRow::prompt(token, c * chunk + i, seq).with_logits(true)).collect();
+        model.forward(&pool, &mut kv, &rows, &mut scratch).unwrap();
+        out.extend((0..rows.len()).map(|i| scratch.logits(i).to_vec()));
+    }
+    out
+}
+
+#[test]
+fn a_prompt_longer_than_its_window_attends_rows_together_as_alone() {
+    // 40 rows at 2 threads: a prompt's consecutive rows attend together, each taking the
+    // first positions of its window alone, then the positions they share, then its own
+    // last ones. Five rows a step are too few to go together: each row attends alone.
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % VOCAB as u32).collect();
+    for window in [3u32, 4, 21] {
+        let meta = [("attention.sliding_window", Value::U32(window)), ("attn_logit_softcapping", Value::F32(30.0))];
+        let model = Model::from_gguf(Arc::new(GgufFile::from_bytes(build_with("gemma2", GgmlType::Q8_0, &meta, &[])).unwrap())).unwrap();
+        let together = logits(&model, 2, std::slice::from_ref(&prompt));
+        assert_eq!(together, logits_in_chunks(&model, 2, &prompt, 5), "window {window}");
+        assert!(together.iter().flatten().all(|v| v.is_finite()));
+    }
+}
+
 #[test]
 fn phi3_with_fused_tensors_and_rope_factors_runs() {
     let half = HEAD_DIM / 2;

@@ -1,11 +1,10 @@
 //! The attention block of a layer, as phases the driver separates with barriers: the
 //! Q/K/V projections with their biases, norms and rope and the cache stores
 //! (`attention_in`), the exchange of queries between parts sharing a key/value head
-//! (`share_queries`), causal attention over the cache, within a sliding window on a
-//! model's local layers (`attend`), and the output projection into the residual stream
-//! (`attention_out`).
+//! (`share_queries`), and the output projection into the residual stream
+//! (`attention_out`). Attention over the cache between them is `attend`'s.
 
-use blink_kernels::attention::{self, Online};
+use blink_kernels::attention;
 use blink_runtime::numa::NodeWorker;
 use blink_kernels::ops;
 
@@ -15,9 +14,6 @@ use crate::kv_cache::BLOCK_TOKENS;
 use crate::config::QkNorm;
 use crate::lora::LoraTarget;
 use crate::weights::LayerWeights;
-
-/// How many blocks ahead attention asks for keys and values.
-const PREFETCH_BLOCKS: usize = 2;
 
 impl<T: StoreOf> Pass<'_, T> {
     /// Norm, then the part's query heads and the key/value heads they use, through the
@@ -164,188 +160,6 @@ impl<T: StoreOf> Pass<'_, T> {
                         other.q.cols_mut(r, cols.clone()).copy_from_slice(src);
                     }
                 }
-            }
-        }
-    }
-
-    /// Causal attention over its sequence's cached positions, block by block (see
-    /// `blink_kernels::attention` for the numerics), of every (row, query head) whose
-    /// key/value head this part holds; items of a head held by several parts are dealt
-    /// between them. The result goes into every part's `attn`.
-    ///
-    /// The query heads of a key/value head this part alone holds are usually one item,
-    /// attended together, and so are consecutive rows of one prompt: they read the same
-    /// keys and values (the results are the same bits).
-    pub(super) fn attend(&self, w: &NodeWorker, me: &PartView<T>, layer: usize) {
-        let cfg = &self.model.cfg;
-        let hd = cfg.head_dim;
-        let group = cfg.n_head / cfg.n_head_kv;
-        // Queries already scaled (Gemma) meet unscaled scores.
-        let scale = match (cfg.query_scale, cfg.attn_scale) {
-            (Some(_), _) => 1.0,
-            (None, Some(s)) => s,
-            (None, None) => 1.0 / (hd as f32).sqrt(),
-        };
-        let scale = attention::Scale::new(scale, cfg.attn_softcap);
-        // A local layer's query sees its last `window` positions only.
-        let window = cfg.sliding.as_ref().filter(|_| cfg.is_local(layer)).map(|s| s.window);
-        // SAFETY: per-thread scratch row.
-        let qh = unsafe { me.qh.row_mut(w.tid_in_node) };
-        // A whole item's rounded queries, accumulators (of several rows) and softmax
-        // states, on the stack: decoding does not allocate.
-        const MAX_GROUP: usize = 16;
-        let mut qg = [0f32; 2048];
-        let mut ag = [0f32; 2048];
-        let mut states = [Online::default(); 32];
-        // A whole group shares each key and value row between its heads (measured at about
-        // 3/4 of the per-head cost) but makes `group` times fewer items to deal: take whole
-        // groups unless that leaves the busiest thread more work.
-        let (groups, threads) = (self.rows.len() * me.part.kv_groups.len(), w.threads_in_node);
-        let whole = (1..=MAX_GROUP).contains(&group)
-            && group * hd <= qg.len()
-            && 3 * groups.div_ceil(threads) * group <= 4 * (groups * group).div_ceil(threads);
-        // Whole groups of a prompt's consecutive rows go together too, about six heads an
-        // item (two rows of SmolLM2's three heads fill AVX2's registers with value updates:
-        // attention 1.25x faster), where rows are plenty.
-        let prompt_rows = self.rows.windows(2).any(|p| p[0].seq == p[1].seq);
-        let rows_per_item = if whole && prompt_rows && self.rows.len() >= 8 * threads {
-            6usize.div_ceil(group).min(qg.len() / (group * hd)).min(states.len() / group)
-        } else {
-            1
-        };
-        // Items (first row, rows, first head, heads) are dealt round-robin between holders,
-        // then claimed in chunks by the node's threads, each starting on an even share: a
-        // thread that runs slower, or whose share holds the longer sequences, is helped by
-        // the others.
-        let together = |holders: usize| whole && holders == 1;
-        let count = |rank: usize, holders: usize| {
-            if together(holders) {
-                self.rows.len().div_ceil(rows_per_item)
-            } else {
-                (self.rows.len() * group).saturating_sub(rank).div_ceil(holders)
-            }
-        };
-        let item = |mut k: usize| {
-            for &(g, rank, holders) in &me.part.kv_groups {
-                let n = count(rank, holders);
-                if k < n {
-                    if together(holders) {
-                        let r = k * rows_per_item;
-                        return (r, rows_per_item.min(self.rows.len() - r), g * group, group);
-                    }
-                    let j = rank + k * holders;
-                    return (j / group, 1, g * group + j % group, 1);
-                }
-                k -= n;
-            }
-            unreachable!("item index past the part's items")
-        };
-        let n_items = me.part.kv_groups.iter().map(|&(_, rank, holders)| count(rank, holders)).sum();
-        // The keys and values of an item's first blocks are asked for while the item
-        // before it computes, the later ones `PREFETCH_BLOCKS` blocks ahead of their use:
-        // the keys before a block is attended, the values after, so that no burst of
-        // requests holds every miss buffer (with both at once, 16 rows attending 512
-        // cached tokens ran 1-4% slower).
-        let n_pos = |r: usize| self.rows[r].pos + 1;
-        // The first position row `r` sees.
-        let first_pos = |r: usize| window.map_or(0, |w| n_pos(r).saturating_sub(w));
-        // Positions `lo..hi` of block `b` of row `r`'s sequence, for query head `h`.
-        // SAFETY: the cache is read-only in this phase.
-        let span = |r: usize, h: usize, b: usize, lo: usize, hi: usize| unsafe {
-            let (start, end) = (lo.max(b * BLOCK_TOKENS) - b * BLOCK_TOKENS, hi.min((b + 1) * BLOCK_TOKENS) - b * BLOCK_TOKENS);
-            let kvh = h / group - me.part.kv_heads.start;
-            let at = me.layout.offset(layer, self.tables.get(self.rows[r].seq)[b], kvh, 0);
-            (me.kc.slice(at + start * hd..at + end * hd), me.vc.slice(at + start * hd..at + end * hd), end - start)
-        };
-        let fetch_start = |r: usize, h: usize| {
-            let (lo, hi) = (first_pos(r), n_pos(r));
-            for b in lo / BLOCK_TOKENS..(lo / BLOCK_TOKENS + PREFETCH_BLOCKS).min(hi.div_ceil(BLOCK_TOKENS)) {
-                let (keys, values, _) = span(r, h, b, lo, hi);
-                attention::prefetch(keys, values);
-            }
-        };
-        // Queries `qs` (of rows of one sequence, `r` any of them: it picks the block table;
-        // head `h`'s key/value head) over the sequence's positions `lo..hi`.
-        let run = |r: usize, h: usize, lo: usize, hi: usize, qs: &[f32], states: &mut [Online], acc: &mut [f32]| {
-            if lo >= hi {
-                return;
-            }
-            let blocks = hi.div_ceil(BLOCK_TOKENS);
-            for b in lo / BLOCK_TOKENS..blocks {
-                let ahead = (b + PREFETCH_BLOCKS < blocks).then(|| span(r, h, b + PREFETCH_BLOCKS, lo, hi));
-                if let Some((keys, _, _)) = ahead {
-                    attention::prefetch::<T>(keys, &[]);
-                }
-                let (keys, values, n) = span(r, h, b, lo, hi);
-                attention::attend_heads::<T>(self.isa, qs, keys, values, n, scale, states, acc);
-                if let Some((_, values, _)) = ahead {
-                    attention::prefetch::<T>(&[], values);
-                }
-            }
-        };
-        let mut mine = w.claim(n_items, 1, 1).flat_map(|range| range.map(item)).peekable();
-        let mut first = true;
-        while let Some((r0, rows, h, heads)) = mine.next() {
-            if std::mem::take(&mut first) {
-                fetch_start(r0, h);
-            }
-            if let Some(&(nr, _, nh, _)) = mine.peek() {
-                fetch_start(nr, nh);
-            }
-            let cols = h * hd..(h + heads) * hd;
-            // The item's rows in runs of one sequence.
-            let mut a = r0;
-            while a < r0 + rows {
-                let b = (a + 1..r0 + rows).find(|&b| self.rows[b].seq != self.rows[a].seq).unwrap_or(r0 + rows);
-                let (n, width) = (b - a, heads * hd);
-                let states = &mut states[..n * heads];
-                states.fill(Online::default());
-                // SAFETY: q is read-only now; this thread owns heads h..h + heads of rows
-                // a..b in every part's attn.
-                let (qs, acc) = if n == 1 {
-                    let qs = if heads == 1 { &mut qh[..] } else { &mut qg[..width] };
-                    attention::prepare_query::<T>(unsafe { me.q.cols(a, cols.clone()) }, qs);
-                    (&*qs, unsafe { me.attn.cols_mut(a, cols.clone()) })
-                } else {
-                    for (i, qs) in qg[..n * width].chunks_exact_mut(width).enumerate() {
-                        attention::prepare_query::<T>(unsafe { me.q.cols(a + i, cols.clone()) }, qs);
-                    }
-                    (&qg[..n * width], &mut ag[..n * width])
-                };
-                acc.iter_mut().for_each(|x| *x = 0.0);
-                // Each row's own first positions (in a window), the positions all the rows
-                // see together, then each row's own last ones: in position order per row.
-                let common = (a..b).map(first_pos).max().unwrap()..(a..b).map(n_pos).min().unwrap();
-                let shared = n > 1 && common.start < common.end;
-                let row = |i: usize| (i * heads..(i + 1) * heads, i * width..(i + 1) * width);
-                if shared {
-                    for i in 0..n {
-                        let (st, at) = row(i);
-                        run(a, h, first_pos(a + i), common.start, &qs[at.clone()], &mut states[st], &mut acc[at]);
-                    }
-                    run(a, h, common.start, common.end, qs, states, acc);
-                }
-                for i in 0..n {
-                    let (st, at) = row(i);
-                    let lo = if shared { common.end } else { first_pos(a + i) };
-                    run(a, h, lo, n_pos(a + i), &qs[at.clone()], &mut states[st], &mut acc[at]);
-                }
-                for i in 0..n {
-                    let (st, at) = row(i);
-                    for (state, acc) in states[st].iter().zip(acc[at.clone()].chunks_exact_mut(hd)) {
-                        state.finish(acc);
-                    }
-                    // SAFETY: as above.
-                    unsafe {
-                        if n > 1 {
-                            me.attn.cols_mut(a + i, cols.clone()).copy_from_slice(&acc[at.clone()]);
-                        }
-                        for other in self.others(w.node) {
-                            other.attn.cols_mut(a + i, cols.clone()).copy_from_slice(&acc[at.clone()]);
-                        }
-                    }
-                }
-                a = b;
             }
         }
     }

@@ -13,6 +13,7 @@
 //! layer's two blocks), `project` (the one door of every matrix product), `buffers` (what
 //! the threads share). A backward pass will mirror the blocks.
 
+mod attend;
 mod attention;
 mod buffers;
 mod experts;
