@@ -307,8 +307,10 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
         F32 | F16 | BF16 => "row-major, f32 FMA in ggml's order".into(),
         _ if Fields::of(ty).is_some() => {
             let layout = if isa.is_arm() { "repacked 8-row groups" } else { "8-row groups (repacked, or packed on the fly from a mapped window)" };
-            // x86's int8 route (`x86_fam32::int8_route`).
-            let int8 = isa.is_x86() && matches!(ty, Q5_0 | Q5_1) && (order == DotOrder::Llama || isa != Isa::Avx512Vnni);
+            #[cfg(target_arch = "x86_64")]
+            let int8 = x86_fam32::takes_int8_route(isa, order, ty);
+            #[cfg(not(target_arch = "x86_64"))]
+            let int8 = false;
             let batches = if int8 { "; batches of 4+ rows: each group converted to int8 once" } else { "" };
             let order = match ty {
                 Q4_0 | IQ4_NL | MXFP4 => "block order (llama.cpp's repacked kernel)",

@@ -83,9 +83,38 @@ impl<F: Fam32> Fam32 for Bytes<F> {
 /// 31 -> 47 GMAC/s, block order 61 -> 82) and in AVX-512's llama order (53 -> 74). Nibbles
 /// alone unpack in one or two operations, less than the conversion's loads and stores
 /// cost (`Q4_1` 140 -> 114 in AVX-512's block order), and AVX-512's block order gains
-/// nothing on `Q5_0` either.
+/// nothing on `Q5_0` either. Nor does `Q4_1` in AVX2's llama order, whose two lane passes
+/// unpack each block twice (128 rows: 55.5 -> 52.6 GMAC/s, medians of five alternating
+/// rounds; its per-lane converts and FMAs bound it), or in AVX2's block order, nor `Q4_0`
+/// (within the noise).
 const fn int8_route<F: Fam32, D: Shape>(block: bool) -> bool {
     F::FIELDS.qh.is_some() && F::LUT.is_none() && (!block || D::INT8_IN_BLOCK_ORDER)
+}
+
+/// Whether batches of `ty` take the int8 route on `isa` in `order` (for `blink info`).
+pub(super) fn takes_int8_route(isa: crate::cpu::Isa, order: DotOrder, ty: blink_gguf::GgmlType) -> bool {
+    use blink_gguf::GgmlType as T;
+    use crate::cpu::Isa;
+    fn of<D: Shape>(ty: T, block: bool) -> bool {
+        match ty {
+            // One order: the block order.
+            T::Q4_0 => int8_route::<Q4_0, D>(true),
+            T::IQ4_NL => int8_route::<IQ4NL, D>(true),
+            T::MXFP4 => int8_route::<MXFP4, D>(true),
+            T::Q4_1 => int8_route::<Q4_1, D>(block),
+            T::Q5_0 => int8_route::<Q5_0, D>(block),
+            T::Q5_1 => int8_route::<Q5_1, D>(block),
+            T::Q8_0 => int8_route::<Q8_0, D>(block),
+            _ => false,
+        }
+    }
+    let block = order == DotOrder::Block;
+    match isa {
+        Isa::Avx512Vnni => of::<Vnni>(ty, block),
+        Isa::AvxVnni => of::<AvxVnni>(ty, block),
+        Isa::Avx2 => of::<Avx2>(ty, block),
+        _ => false,
+    }
 }
 
 /// Activation rows from which a product takes the int8 route: the conversion costs about
