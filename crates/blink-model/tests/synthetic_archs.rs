@@ -259,16 +259,22 @@ fn logits_in_chunks(model: &Model, threads: usize, prompt: &[u32], chunk: usize)
 
 #[test]
 fn a_prompt_longer_than_its_window_attends_rows_together_as_alone() {
-    // 40 rows at 2 threads: a prompt's consecutive rows attend together, each taking the
-    // first positions of its window alone, then the positions they share, then its own
-    // last ones. Five rows a step are too few to go together: each row attends alone.
+    // 40 rows at 2 threads: a prompt's consecutive rows attend together (three rows of two
+    // heads an item), each taking the first positions of its window alone, then the
+    // positions they share (none in a window of 2), then its own last ones. Five rows a
+    // step are too few to go together: each row attends alone.
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % VOCAB as u32).collect();
-    for window in [3u32, 4, 21] {
+    // Two prompts in one step, 20 and 21 rows: an item spans both, in two runs.
+    let (first, second) = (prompt[..20].to_vec(), prompt[19..].to_vec());
+    for window in [2u32, 3, 4, 21] {
         let meta = [("attention.sliding_window", Value::U32(window)), ("attn_logit_softcapping", Value::F32(30.0))];
         let model = Model::from_gguf(Arc::new(GgufFile::from_bytes(build_with("gemma2", GgmlType::Q8_0, &meta, &[])).unwrap())).unwrap();
         let together = logits(&model, 2, std::slice::from_ref(&prompt));
         assert_eq!(together, logits_in_chunks(&model, 2, &prompt, 5), "window {window}");
         assert!(together.iter().flatten().all(|v| v.is_finite()));
+        let both = logits(&model, 2, &[first.clone(), second.clone()]);
+        let alone = [logits_in_chunks(&model, 2, &first, 5), logits_in_chunks(&model, 2, &second, 5)].concat();
+        assert_eq!(both, alone, "window {window}, two prompts");
     }
 }
 

@@ -26,6 +26,7 @@ use super::pack::{pack_group, Fields, GROUP};
 use super::tiling;
 use super::Layout;
 use super::Out;
+use crate::cpu::Isa;
 use crate::order::DotOrder;
 
 mod tiles;
@@ -92,9 +93,8 @@ const fn int8_route<F: Fam32, D: Shape>(block: bool) -> bool {
 }
 
 /// Whether batches of `ty` take the int8 route on `isa` in `order` (for `blink info`).
-pub(super) fn takes_int8_route(isa: crate::cpu::Isa, order: DotOrder, ty: blink_gguf::GgmlType) -> bool {
+pub(super) fn takes_int8_route(isa: Isa, order: DotOrder, ty: blink_gguf::GgmlType) -> bool {
     use blink_gguf::GgmlType as T;
-    use crate::cpu::Isa;
     fn of<D: Shape>(ty: T, block: bool) -> bool {
         match ty {
             // One order: the block order.

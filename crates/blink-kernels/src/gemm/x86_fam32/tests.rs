@@ -59,7 +59,6 @@ fn avx_vnni_shapes_equal_avx512_vnni() {
 /// bits, in either order except AVX-512's block order, and no other format.
 #[test]
 fn the_int8_route_is_named_where_it_is_taken() {
-    use crate::order::DotOrder;
     let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::MXFP4, GgmlType::Q4_K];
     for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni] {
         for order in [DotOrder::Llama, DotOrder::Block] {

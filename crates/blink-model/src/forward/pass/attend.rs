@@ -55,7 +55,9 @@ impl<T: StoreOf> Pass<'_, T> {
             let mut a = item.rows.start;
             while a < item.rows.end {
                 let b = (a + 1..item.rows.end).find(|&b| self.rows[b].seq != self.rows[a].seq).unwrap_or(item.rows.end);
-                reader.attend_run(w, a..b, item.heads.clone(), &mut scratch, qh);
+                // SAFETY: this thread claimed the item, so it alone owns its heads of these
+                // rows in every part's attn; q is read-only in this phase.
+                unsafe { reader.attend_run(w, a..b, item.heads.clone(), &mut scratch, qh) };
                 a = b;
             }
         }
@@ -69,10 +71,11 @@ struct Item {
 }
 
 /// How a layer's (row, query head) pairs whose key/value heads this part holds are cut
-/// into items. A key/value head several parts hold has its pairs dealt round-robin
-/// between them, one pair an item.
+/// into items. A key/value head this part alone holds gives items of whole query-head
+/// groups (of one or more rows) when `whole`, else one pair an item; one that several
+/// parts hold has its pairs dealt round-robin between them, one pair an item.
 struct Items<'a> {
-    rows: usize,
+    n_rows: usize,
     /// (key/value head, this part's rank among its holders, holders).
     kv_groups: &'a [(usize, usize, usize)],
     /// Query heads per key/value head.
@@ -101,7 +104,7 @@ impl<'a> Items<'a> {
         } else {
             1
         };
-        Items { rows: rows.len(), kv_groups, group, whole, rows_per_item }
+        Items { n_rows: rows.len(), kv_groups, group, whole, rows_per_item }
     }
 
     fn together(&self, holders: usize) -> bool {
@@ -111,9 +114,9 @@ impl<'a> Items<'a> {
     /// The items of a key/value head this part takes as rank `rank` of `holders`.
     fn count(&self, rank: usize, holders: usize) -> usize {
         if self.together(holders) {
-            self.rows.div_ceil(self.rows_per_item)
+            self.n_rows.div_ceil(self.rows_per_item)
         } else {
-            (self.rows * self.group).saturating_sub(rank).div_ceil(holders)
+            (self.n_rows * self.group).saturating_sub(rank).div_ceil(holders)
         }
     }
 
@@ -121,14 +124,14 @@ impl<'a> Items<'a> {
         self.kv_groups.iter().map(|&(_, rank, holders)| self.count(rank, holders)).sum()
     }
 
-    /// Item `k` of the part's items, its key/value heads' in order.
+    /// Item `k` of the part's items, in the order of their key/value heads.
     fn get(&self, mut k: usize) -> Item {
         for &(g, rank, holders) in self.kv_groups {
             let n = self.count(rank, holders);
             if k < n {
                 if self.together(holders) {
                     let r = k * self.rows_per_item;
-                    return Item { rows: r..(r + self.rows_per_item).min(self.rows), heads: g * self.group..(g + 1) * self.group };
+                    return Item { rows: r..(r + self.rows_per_item).min(self.n_rows), heads: g * self.group..(g + 1) * self.group };
                 }
                 let j = rank + k * holders;
                 let h = g * self.group + j % self.group;
@@ -148,7 +151,8 @@ struct ItemScratch {
     states: [Online; ITEM_STATES],
 }
 
-/// One layer's cached keys and values, as this part's attention reads them.
+/// One layer's cached keys and values, as this part's attention reads them. Built only
+/// inside `Pass::attend`, between the barriers around it, when no thread writes the cache.
 struct Reader<'p, 'a, T: StoreOf> {
     pass: &'p Pass<'a, T>,
     me: &'p PartView<'a, T>,
@@ -213,7 +217,7 @@ impl<'p, 'a, T: StoreOf> Reader<'p, 'a, T> {
     /// Later blocks are asked for `PREFETCH_BLOCKS` ahead of their use: the keys before a
     /// block is attended, the values after, so that no burst of requests holds every miss
     /// buffer (with both at once, 16 rows attending 512 cached tokens ran 1-4% slower).
-    fn run(&self, r: usize, h: usize, positions: Range<usize>, qs: &[f32], states: &mut [Online], acc: &mut [f32]) {
+    fn attend_positions(&self, r: usize, h: usize, positions: Range<usize>, qs: &[f32], states: &mut [Online], acc: &mut [f32]) {
         let Range { start: lo, end: hi } = positions;
         if lo >= hi {
             return;
@@ -234,13 +238,18 @@ impl<'p, 'a, T: StoreOf> Reader<'p, 'a, T> {
 
     /// Query heads `heads` of `rows`, consecutive rows of one sequence, over the positions
     /// each sees; the results go into every part's `attn`.
-    fn attend_run(&self, w: &NodeWorker, rows: Range<usize>, heads: Range<usize>, s: &mut ItemScratch, qh: &mut [f32]) {
+    ///
+    /// # Safety
+    /// The calling thread alone owns `heads` of `rows` in every part's `attn`, and `q` is
+    /// read-only (the attention phase, on an item this thread claimed).
+    unsafe fn attend_run(&self, w: &NodeWorker, rows: Range<usize>, heads: Range<usize>, s: &mut ItemScratch, qh: &mut [f32]) {
         let (hd, me) = (self.hd, self.me);
         let (a, n, h, nh) = (rows.start, rows.len(), heads.start, heads.len());
         let (cols, width) = (h * hd..heads.end * hd, nh * hd);
+        debug_assert!(rows.clone().all(|r| self.pass.rows[r].seq == self.pass.rows[a].seq), "a run of one sequence");
         let states = &mut s.states[..n * nh];
         states.fill(Online::default());
-        // SAFETY: q is read-only now; this thread owns `heads` of `rows` in every part's attn.
+        // SAFETY: the caller's (see above).
         let (qs, acc) = if n == 1 {
             let qs = if nh == 1 { qh } else { &mut s.queries[..width] };
             attention::prepare_query::<T>(unsafe { me.q.cols(a, cols.clone()) }, qs);
@@ -260,14 +269,14 @@ impl<'p, 'a, T: StoreOf> Reader<'p, 'a, T> {
         if shared {
             for i in 0..n {
                 let (st, at) = row(i);
-                self.run(a, h, self.first_pos(a + i)..common.start, &qs[at.clone()], &mut states[st], &mut acc[at]);
+                self.attend_positions(a, h, self.first_pos(a + i)..common.start, &qs[at.clone()], &mut states[st], &mut acc[at]);
             }
-            self.run(a, h, common.clone(), qs, states, acc);
+            self.attend_positions(a, h, common.clone(), qs, states, acc);
         }
         for i in 0..n {
             let (st, at) = row(i);
             let lo = if shared { common.end } else { self.first_pos(a + i) };
-            self.run(a, h, lo..self.n_pos(a + i), &qs[at.clone()], &mut states[st], &mut acc[at]);
+            self.attend_positions(a, h, lo..self.n_pos(a + i), &qs[at.clone()], &mut states[st], &mut acc[at]);
         }
         for i in 0..n {
             let (st, at) = row(i);

@@ -2,7 +2,8 @@
 //! Q/K/V projections with their biases, norms and rope and the cache stores
 //! (`attention_in`), the exchange of queries between parts sharing a key/value head
 //! (`share_queries`), and the output projection into the residual stream
-//! (`attention_out`). Attention over the cache between them is `attend`'s.
+//! (`attention_out`). Causal attention over the cache, between `share_queries` and
+//! `attention_out`, is in `attend.rs` (`Pass::attend`).
 
 use blink_kernels::attention;
 use blink_runtime::numa::NodeWorker;
