@@ -289,13 +289,19 @@ unsafe fn scalar_packed(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<us
     }
 }
 
+/// Whether `ty` has one dot order, the block order: llama.cpp's repacked kernel for it
+/// sums each block in integers first.
+pub(crate) const fn block_order_only(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4)
+}
+
 /// How `isa`'s kernels multiply a `ty` matrix in `order`, in words (for `blink info`).
 pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
     use GgmlType::*;
     if isa == Isa::Scalar {
         return "scalar reference".into();
     }
-    let block_order = order == DotOrder::Block || matches!(ty, Q4_0 | IQ4_NL | MXFP4);
+    let block_order = order == DotOrder::Block || block_order_only(ty);
     let ints = match isa {
         Isa::Avx512Vnni => "vpdpbusd",
         Isa::AvxVnni => "vpdpbusd (AVX-VNNI)",
@@ -313,7 +319,7 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
             let int8 = false;
             let batches = if int8 { "; batches of 4+ rows: each group converted to int8 once" } else { "" };
             let order = match ty {
-                Q4_0 | IQ4_NL | MXFP4 => "block order (llama.cpp's repacked kernel)",
+                _ if block_order_only(ty) => "block order (llama.cpp's repacked kernel)",
                 _ if order == DotOrder::Llama => "llama.cpp's lane order",
                 _ => "block order",
             };

@@ -97,10 +97,9 @@ pub(super) fn takes_int8_route(isa: Isa, order: DotOrder, ty: blink_gguf::GgmlTy
     use blink_gguf::GgmlType as T;
     fn of<D: Shape>(ty: T, block: bool) -> bool {
         match ty {
-            // One order: the block order.
-            T::Q4_0 => int8_route::<Q4_0, D>(true),
-            T::IQ4_NL => int8_route::<IQ4NL, D>(true),
-            T::MXFP4 => int8_route::<MXFP4, D>(true),
+            T::Q4_0 => int8_route::<Q4_0, D>(block),
+            T::IQ4_NL => int8_route::<IQ4NL, D>(block),
+            T::MXFP4 => int8_route::<MXFP4, D>(block),
             T::Q4_1 => int8_route::<Q4_1, D>(block),
             T::Q5_0 => int8_route::<Q5_0, D>(block),
             T::Q5_1 => int8_route::<Q5_1, D>(block),
@@ -108,7 +107,7 @@ pub(super) fn takes_int8_route(isa: Isa, order: DotOrder, ty: blink_gguf::GgmlTy
             _ => false,
         }
     }
-    let block = order == DotOrder::Block;
+    let block = order == DotOrder::Block || super::block_order_only(ty);
     match isa {
         Isa::Avx512Vnni => of::<Vnni>(ty, block),
         Isa::AvxVnni => of::<AvxVnni>(ty, block),
