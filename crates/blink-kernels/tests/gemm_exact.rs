@@ -133,7 +133,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn simd_gemm_equals_scalar(ty_i in 0usize..7, block in any::<bool>(), rows in 1usize..27, blocks in 1usize..9, n_act in 1usize..10, seed in any::<u64>(), accumulate in any::<bool>()) {
+    fn simd_gemm_equals_scalar(ty_i in 0usize..7, block in any::<bool>(), rows in 1usize..27, blocks in 1usize..9, n_act in 1usize..16, seed in any::<u64>(), accumulate in any::<bool>()) {
         let ty = TYPES[ty_i];
         let order = if block { DotOrder::Block } else { DotOrder::Llama };
         let cols = blocks * 32;
@@ -244,7 +244,7 @@ fn extreme_blocks_equal_scalar() {
         let act_ty = ty.activation_type();
         let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
         for sign in [1.0f32, -1.0] {
-            for n_act in [1, 2, 3, 4, 5, 7] {
+            for n_act in [1, 2, 3, 4, 5, 7, 13] {
                 let mut act = vec![0u8; n_act * stride];
                 for r in 0..n_act {
                     quantize_row(act_ty, &vec![sign * 3.5; cols], &mut act[r * stride..(r + 1) * stride]);

@@ -317,7 +317,15 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
             let int8 = x86_fam32::takes_int8_route(isa, order, ty);
             #[cfg(not(target_arch = "x86_64"))]
             let int8 = false;
-            let batches = if int8 { "; batches of 4+ rows: each group converted to int8 once" } else { "" };
+            #[cfg(target_arch = "x86_64")]
+            let int16 = x86_fam32::takes_int16_route(isa, order, ty);
+            #[cfg(not(target_arch = "x86_64"))]
+            let int16 = false;
+            let batches = match (int8, int16) {
+                (true, _) => "; batches of 4+ rows: each group converted to int8 once",
+                (_, true) => "; batches of 12+ rows: each group and row widened to 16 bits once, vpmaddwd",
+                _ => "",
+            };
             let order = match ty {
                 _ if block_order_only(ty) => "block order (llama.cpp's repacked kernel)",
                 _ if order == DotOrder::Llama => "llama.cpp's lane order",

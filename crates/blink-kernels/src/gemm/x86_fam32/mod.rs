@@ -30,6 +30,7 @@ use crate::cpu::Isa;
 use crate::order::DotOrder;
 
 mod tiles;
+mod words;
 
 use tiles::{tile_block, tile_lanes, Tile};
 
@@ -114,6 +115,13 @@ pub(super) fn takes_int8_route(isa: Isa, order: DotOrder, ty: blink_gguf::GgmlTy
         Isa::Avx2 => of::<Avx2>(ty, block),
         _ => false,
     }
+}
+
+/// Whether batches of `ty` take the int16 route ([`words`]) on `isa` in `order` (for
+/// `blink info`): `Q8_0` on plain AVX2 in llama.cpp's order.
+pub(super) fn takes_int16_route(isa: Isa, order: DotOrder, ty: blink_gguf::GgmlType) -> bool {
+    let block = order == DotOrder::Block || super::block_order_only(ty);
+    isa == Isa::Avx2 && ty == blink_gguf::GgmlType::Q8_0 && words::takes::<Q8_0>(Avx2::SIGN_TRICK, block)
 }
 
 /// Activation rows from which a product takes the int8 route: the conversion costs about
@@ -445,11 +453,18 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     }
     // The int8 route: each group converted once, its tiles then load bytes.
     let int8 = int8_route::<F, D>(BLOCK) && n_act >= INT8_MIN_ROWS;
-    let mut bytes = if int8 { BYTES_BUF.take() } else { Vec::new() };
+    // Or the int16 route: each group and activation row widened once (`words`).
+    let words = words::takes::<F>(D::SIGN_TRICK, BLOCK) && n_act >= words::WORDS_MIN_ROWS;
+    let mut bytes = if int8 || words { BYTES_BUF.take() } else { Vec::new() };
     let bytes_group = n_blocks * Bytes::<F>::FIELDS.group_block();
+    let mut act_words = if words { ACT_WORDS.take() } else { Vec::new() };
+    if words {
+        words::widen_activations::<F>(act.as_ptr(), act_stride, n_act, n_blocks, &mut act_words);
+    }
     // Activation rows that overflow L2 go in panels of half of it (`tiling`); each claimed
     // range of weight groups runs against one panel after another.
-    let panel = tiling::panel_for(n_act, n_blocks * F::ACT_BYTES, tiling::l2_bytes());
+    let act_row_bytes = n_blocks * if words { words::ACT_WORDS_BLOCK } else { F::ACT_BYTES };
+    let panel = tiling::panel_for(n_act, act_row_bytes, tiling::l2_bytes());
     let per_row = if BLOCK { n_blocks } else { 8 * n_blocks };
     let (all_act, all_scales, all_offsets, all_out) = (act, &scales[..], &offsets[..], out);
     // With several panels, the weights go in blocks that stay in L3 between them.
@@ -458,6 +473,7 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
         for p0 in (0..n_act).step_by(panel) {
             let n_act = (n_act - p0).min(panel);
             let act = &all_act[p0 * act_stride..];
+            let act_words = &act_words[(p0 * act_row_bytes).min(act_words.len())..];
             let (scales, offsets) = (&all_scales[2 * p0 * n_blocks..], if all_offsets.is_empty() { all_offsets } else { &all_offsets[p0 * per_row..] });
             let out = Out { ptr: all_out.ptr.add(p0 * all_out.ld), ..all_out };
             if ROW_MAJOR {
@@ -478,7 +494,10 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
                         pack_group(&F::FIELDS, cols, w, g..g + live, &mut group);
                     }
                     let out = Out { ptr: out.ptr.add(g), ..out };
-                    if int8 {
+                    if words {
+                        words::to_words::<F>(n_blocks, group.as_ptr(), &mut bytes);
+                        words::group_tiles(n_blocks, &bytes, act_words, n_act, scales, live, out, std::ptr::null(), 0);
+                    } else if int8 {
                         to_bytes::<F>(n_blocks, group.as_ptr(), &mut bytes, std::ptr::null(), 0);
                         groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, scales, offsets, out);
                     } else {
@@ -489,15 +508,20 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
             }
             assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
             assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
-            if int8 {
+            if int8 || words {
                 for g in rows.clone().step_by(GROUP) {
                     let live = (rows.end - g).min(GROUP);
                     let at = g / GROUP * group_bytes;
                     // The next group (this thread's next chunk most likely starts there too) is
                     // asked for while this one converts.
                     let next = (at + group_bytes).min(w.len())..(at + 2 * group_bytes).min(w.len());
-                    to_bytes::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, w.as_ptr().add(next.start), next.len());
                     let out = Out { ptr: out.ptr.add(g), ..out };
+                    if words {
+                        words::to_words::<F>(n_blocks, w.as_ptr().add(at), &mut bytes);
+                        words::group_tiles(n_blocks, &bytes, act_words, n_act, scales, live, out, w.as_ptr().add(next.start), next.len());
+                        continue;
+                    }
+                    to_bytes::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, w.as_ptr().add(next.start), next.len());
                     groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, scales, offsets, out);
                 }
                 continue;
@@ -508,8 +532,11 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     if ROW_MAJOR {
         GROUP_BUF.set(group);
     }
-    if int8 {
+    if int8 || words {
         BYTES_BUF.set(bytes);
+    }
+    if words {
+        ACT_WORDS.set(act_words);
     }
     ACT_SCALES.set(scales);
     ACT_OFFSETS.set(offsets);
@@ -591,7 +618,10 @@ thread_local! {
     static ACT_OFFSETS: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
     /// One weight group packed on the fly from a row-major matrix; likewise reused.
     static GROUP_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-    /// One weight group converted for the int8 route ([`Bytes`]); likewise reused.
+    /// Activation rows widened for the int16 route ([`words`]); likewise reused.
+    static ACT_WORDS: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+    /// One weight group converted for the int8 route ([`Bytes`]) or widened for the int16
+    /// route; likewise reused.
     static BYTES_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 

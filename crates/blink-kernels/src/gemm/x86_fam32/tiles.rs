@@ -127,14 +127,19 @@ pub(super) unsafe fn tile_lanes<F: Fam32, D: DotU8I8 + Shape, const RA: usize, c
     }
     let Tile { out, ld, accumulate, live, .. } = t;
     for j in 0..RA {
-        // hsum8 over lanes, for eight rows at once.
-        let c = &acc[j];
-        let v = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
-            _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])),
-        );
-        store(out.add(j * ld), _mm256_add_ps(v, tail[j]), live, accumulate);
+        store(out.add(j * ld), lane_sum(&acc[j], tail[j]), live, accumulate);
     }
+}
+
+/// A `Llama`-order output: an activation row's eight lane accumulators summed (`hsum8`, for
+/// eight weight rows at once), plus its minimums' products.
+#[inline(always)]
+pub(super) unsafe fn lane_sum(c: &[__m256; 8], tail: __m256) -> __m256 {
+    let v = _mm256_add_ps(
+        _mm256_add_ps(_mm256_add_ps(c[0], c[4]), _mm256_add_ps(c[2], c[6])),
+        _mm256_add_ps(_mm256_add_ps(c[1], c[5]), _mm256_add_ps(c[3], c[7])),
+    );
+    _mm256_add_ps(v, tail)
 }
 
 /// Lanes `FIRST..FIRST + COUNT` of a [`tile_lanes`] tile over every block, into `acc`, and
@@ -297,7 +302,7 @@ pub(super) unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2:
 
 /// Write (or add) a tile row's eight results at `o`, the first `live` of them at an edge.
 #[inline(always)]
-unsafe fn store(o: *mut f32, v: __m256, live: usize, accumulate: bool) {
+pub(super) unsafe fn store(o: *mut f32, v: __m256, live: usize, accumulate: bool) {
     if live == GROUP {
         let v = if accumulate { _mm256_add_ps(_mm256_loadu_ps(o), v) } else { v };
         _mm256_storeu_ps(o, v);

@@ -1,0 +1,165 @@
+//! The int16 route of plain AVX2 for signed 8-bit quants (`Q8_0`) in llama.cpp's order.
+//!
+//! With bytes, each 32 products cost a sign (`vpsignb`: the activations take the weights'
+//! signs, so that `maddubs` can take the weights' magnitudes), a `maddubs` and a `madd`,
+//! and on Zen 4 the sign runs on the same two pipes as the other two (`dot_floor` with a
+//! sign in place of its xor: 58 GMAC/s against 70). Widened to 16 bits, the same
+//! four-product lane sum is two `madd`s of pairs and an add, which any pipe takes (70
+//! GMAC/s, with the second activation broadcast). So a batch
+//! widens each weight group once into pairs ([`to_words`]) and its activation rows once
+//! ([`widen_activations`]), and the tiles ([`tile_words`]) load both as they are. The lane
+//! sums are the same exact integers, so the bits are those of the byte kernels.
+
+use std::arch::x86_64::*;
+
+use super::tiles::{lane_sum, store, Tile};
+use super::{Ahead, Fam32, Out};
+
+/// Bytes of one widened group-block: the eight rows' f16 scales, then per lane two
+/// vectors of the eight rows' 16-bit pairs, quants `4l, 4l + 1` and `4l + 2, 4l + 3`.
+pub(super) const WORDS_BLOCK: usize = 16 + 8 * 64;
+
+/// Bytes of one widened activation block: its 32 quants as 16-bit values.
+pub(super) const ACT_WORDS_BLOCK: usize = 64;
+
+/// A widened group's rows are in the order 0 1 4 5 2 3 6 7 (what one in-lane shuffle of
+/// two widened halves gives): its f16 scales are put in that order ([`to_words`]), and a
+/// tile's outputs back in row order ([`in_row_order`]).
+const WIDENED_ORDER: __m128i = unsafe { std::mem::transmute::<[u8; 16], __m128i>([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]) };
+
+/// Eight outputs in the widened order, in row order.
+#[inline(always)]
+unsafe fn in_row_order(v: __m256) -> __m256 {
+    _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)))
+}
+
+/// Activation rows from which a product takes the route: the widening is paid once per
+/// group (`gemm_stream`, in cache: 8 rows no gain, 12 rows 46 -> 48 GMAC/s, 16 rows 46 ->
+/// 49.6, 128 rows 46 -> 53; the 28 MB output matrix streamed, 16 rows 44 -> 46).
+pub(super) const WORDS_MIN_ROWS: usize = 12;
+
+/// Whether `F` in the `Llama` order takes the route on a kernel that multiplies bytes
+/// with the sign trick: signed 8-bit quants stored as such (not a table's).
+pub(super) const fn takes<F: Fam32>(sign_trick: bool, block: bool) -> bool {
+    sign_trick && !block && F::SIGNED && F::LUT.is_none() && F::FIELDS.bits == 8 && F::FIELDS.scale == 2 && !F::STORED_UNSIGNED
+}
+
+/// The packed group at `src` (`n_blocks` group-blocks of `F`) widened into `dst`.
+#[inline(always)]
+pub(super) unsafe fn to_words<F: Fam32>(n_blocks: usize, src: *const u8, dst: &mut Vec<u8>) {
+    let (_, _, qs_at) = F::FIELDS.packed_offsets();
+    dst.resize(n_blocks * WORDS_BLOCK, 0);
+    for b in 0..n_blocks {
+        let (gb, out) = (src.add(b * F::FIELDS.group_block()), dst.as_mut_ptr().add(b * WORDS_BLOCK));
+        // The scales in the rows' widened order.
+        let d = _mm_loadu_si128(gb as *const __m128i);
+        _mm_storeu_si128(out as *mut __m128i, _mm_shuffle_epi8(d, WIDENED_ORDER));
+        for l in 0..8 {
+            // Row r's four quants are 32-bit word r of the lane; widened, rows 0-3 fill
+            // one vector and rows 4-7 the other, each row as two 32-bit pairs.
+            let v = _mm256_loadu_si256(gb.add(qs_at + 32 * l) as *const __m256i);
+            let low = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
+            let high = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(v)));
+            // Each row's first pairs, then its second, rows in the widened order.
+            let at = out.add(16 + 64 * l) as *mut f32;
+            _mm256_storeu_ps(at, _mm256_shuffle_ps::<0b10_00_10_00>(low, high));
+            _mm256_storeu_ps(at.add(8), _mm256_shuffle_ps::<0b11_01_11_01>(low, high));
+        }
+    }
+}
+
+/// The quants of `n_act` activation rows (`n_blocks` blocks of `F`'s activation format,
+/// `stride` bytes apart) widened into `dst`, row after row.
+#[inline(always)]
+pub(super) unsafe fn widen_activations<F: Fam32>(act: *const u8, stride: usize, n_act: usize, n_blocks: usize, dst: &mut Vec<u8>) {
+    dst.resize(n_act * n_blocks * ACT_WORDS_BLOCK, 0);
+    for j in 0..n_act {
+        for b in 0..n_blocks {
+            let q = act.add(j * stride + b * F::ACT_BYTES + F::ACT_QS) as *const __m128i;
+            let out = dst.as_mut_ptr().add((j * n_blocks + b) * ACT_WORDS_BLOCK) as *mut __m256i;
+            _mm256_storeu_si256(out, _mm256_cvtepi8_epi16(_mm_loadu_si128(q)));
+            _mm256_storeu_si256(out.add(1), _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(1))));
+        }
+    }
+}
+
+/// One tile of a widened group ([`to_words`]) × `RA` widened activation rows, in the
+/// `Llama` order: the lanes in two passes of four, as [`super::tiles::tile_lanes`] makes
+/// them, for the same registers.
+#[inline(always)]
+pub(super) unsafe fn tile_words<const RA: usize>(t: Tile) {
+    let mut acc = [[_mm256_setzero_ps(); 8]; RA];
+    if RA == 1 {
+        words_pass::<RA, 0, 8>(t, &mut acc);
+    } else {
+        words_pass::<RA, 0, 4>(t, &mut acc);
+        words_pass::<RA, 4, 4>(t, &mut acc);
+    }
+    let Tile { out, ld, accumulate, live, .. } = t;
+    for (j, acc) in acc.iter().enumerate() {
+        // (Plus zero, as the byte kernels add a format's missing minimums.)
+        store(out.add(j * ld), in_row_order(lane_sum(acc, _mm256_setzero_ps())), live, accumulate);
+    }
+}
+
+/// Lanes `FIRST..FIRST + COUNT` of a [`tile_words`] tile over every block, into `acc`.
+// (A lane indexes the weight pairs, the activations and every row's accumulators.)
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn words_pass<const RA: usize, const FIRST: usize, const COUNT: usize>(t: Tile, acc: &mut [[__m256; 8]; RA]) {
+    let Tile { n_blocks, w, a, a_stride, scales: scales_f32, ahead, .. } = t;
+    for b in 0..n_blocks {
+        if FIRST == 0 {
+            ahead.fetch::<false>(b);
+        }
+        let gb = w.add(b * WORDS_BLOCK);
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+        let mut scales = [_mm256_setzero_ps(); RA];
+        let mut aw = [std::ptr::null::<u8>(); RA];
+        for j in 0..RA {
+            aw[j] = a.add(j * a_stride + b * ACT_WORDS_BLOCK);
+            scales[j] = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*scales_f32.add(2 * (j * n_blocks + b))));
+        }
+        for lane in FIRST..FIRST + COUNT {
+            let pairs = gb.add(16 + 64 * lane) as *const __m256i;
+            let (first, second) = (_mm256_loadu_si256(pairs), _mm256_loadu_si256(pairs.add(1)));
+            for j in 0..RA {
+                let at = aw[j].add(8 * lane) as *const i32;
+                let (a01, a23) = (_mm256_set1_epi32(at.read_unaligned()), _mm256_set1_epi32(at.add(1).read_unaligned()));
+                let sums = _mm256_add_epi32(_mm256_madd_epi16(first, a01), _mm256_madd_epi16(second, a23));
+                acc[j][lane] = _mm256_fmadd_ps(scales[j], _mm256_cvtepi32_ps(sums), acc[j][lane]);
+            }
+        }
+    }
+}
+
+/// The tiles of one widened group (its first `live` rows) against `n_act` widened
+/// activation rows with their block scales (`d`, unused `s` pairs). The tiles ask for the
+/// `next_bytes` at `next` (the next packed group, if not null), spread over their blocks.
+#[inline(always)]
+pub(super) unsafe fn group_tiles(n_blocks: usize, w: &[u8], act: &[u8], n_act: usize, scales: &[f32], live: usize, out: Out, next: *const u8, next_bytes: usize) {
+    let a_stride = n_blocks * ACT_WORDS_BLOCK;
+    let tiles = n_act / 2 + n_act % 2;
+    assert!(w.len() >= n_blocks * WORDS_BLOCK && act.len() >= n_act * a_stride && scales.len() >= 2 * n_act * n_blocks);
+    let tile = |j: usize| Tile {
+        n_blocks,
+        w: w.as_ptr(),
+        a: act.as_ptr().add(j * a_stride),
+        a_stride,
+        scales: scales.as_ptr().add(2 * j * n_blocks),
+        offsets: std::ptr::null(),
+        out: out.ptr.add(j * out.ld),
+        ld: out.ld,
+        accumulate: out.accumulate,
+        live,
+        ahead: Ahead::new(next, next_bytes, j / 2, tiles, n_blocks),
+    };
+    let mut j = 0;
+    while n_act - j >= 2 {
+        tile_words::<2>(tile(j));
+        j += 2;
+    }
+    if j < n_act {
+        tile_words::<1>(tile(j));
+    }
+}
