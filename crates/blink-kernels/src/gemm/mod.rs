@@ -295,6 +295,19 @@ pub(crate) const fn block_order_only(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4)
 }
 
+/// Bytes of one activation row of `cols` columns in a batch's `ty` product on `isa` in
+/// `order`, as its panels count them ([`tiling`]): a row of the activation format, or its
+/// quants widened to 16 bits where the int16 route takes the batch. None if `cols` cannot
+/// be a row of the activation format.
+pub fn batch_act_row_bytes(isa: Isa, order: DotOrder, ty: GgmlType, cols: usize) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if x86_fam32::takes_int16_route(isa, order, ty) {
+        return cols.is_multiple_of(32).then_some(2 * cols);
+    }
+    let _ = (isa, order);
+    ty.activation_type().row_bytes(cols as u64).map(|b| b as usize)
+}
+
 /// How `isa`'s kernels multiply a `ty` matrix in `order`, in words (for `blink info`).
 pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
     use GgmlType::*;

@@ -215,16 +215,17 @@ fn id_or_none(id: Option<u32>) -> String {
 }
 
 /// How the products cut their activation rows into panels for this CPU's L2, for inputs
-/// of each of `widths` columns in the activation format of `file`'s first matrix type,
-/// and the weight rows into blocks for its L3 and chunks for its L1.
+/// of each of `widths` columns to `file`'s first matrix type (as the active kernel path
+/// and dot order hold a batch's rows), and the weight rows into blocks for its L3 and
+/// chunks for its L1.
 pub(crate) fn tiling(file: &blink_gguf::GgufFile, widths: &[usize]) -> String {
     use blink_kernels::gemm::tiling;
-    use blink_kernels::quant::WeightType;
     let l2 = tiling::l2_bytes();
-    let act = routes(file).first().map_or(blink_gguf::GgmlType::Q8_0, |(ty, _)| ty.activation_type());
+    let ty = routes(file).first().map_or(blink_gguf::GgmlType::Q8_0, |&(ty, _)| ty);
+    let (isa, order) = (blink_kernels::cpu::active(), blink_kernels::order::active());
     let panels: Vec<String> = widths
         .iter()
-        .filter_map(|&w| act.row_bytes(w as u64).map(|b| (w, b as usize)))
+        .filter_map(|&w| blink_kernels::gemm::batch_act_row_bytes(isa, order, ty, w).map(|b| (w, b)))
         .map(|(w, b)| format!("past {} rows of {w} columns, panels of {}", l2 / b, tiling::panel_rows(b, l2)))
         .collect();
     format!(
