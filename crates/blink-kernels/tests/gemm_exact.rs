@@ -185,23 +185,31 @@ fn activation_panels_do_not_change_results() {
     // 12-row panels; weight blocks of one group (one 16 KiB chunk for the k-quants).
     tiling::set_l2_bytes(1 << 10);
     tiling::set_l3_bytes(1 << 10);
-    // 43 rows: the first call's 16 rows span two blocks.
-    let (rows, cols, n_act) = (43, 96, 41);
-    assert_eq!(tiling::panel_rows(108, tiling::l2_bytes()), tiling::MIN_PANEL_ROWS);
-    for (i, &ty) in TYPES.iter().enumerate() {
-        let w = random_weights(ty, rows, cols, 7 + i as u64);
-        let (act, stride) = random_activations(ty, cols, n_act, 100);
-        let packed = pack::pack(ty, rows, cols, &w).unwrap();
-        for order in [DotOrder::Llama, DotOrder::Block] {
-            let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, true);
-            for isa in paths() {
-                for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {
-                    let got = run(isa, order, ty, layout, m, rows, cols, &act, stride, n_act, true);
-                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty} {order} {layout:?}");
+    // 43 rows: the first call's 16 rows span two blocks. Five blocks a row: with a 1 KiB
+    // L1 the 32-element formats' tiles go over them in chunks of one or two (the k-cut),
+    // a first, middle and last chunk.
+    let (rows, cols, n_act) = (43, 160, 41);
+    assert_eq!(tiling::panel_rows(180, tiling::l2_bytes()), tiling::MIN_PANEL_ROWS);
+    let own_l1 = tiling::l1_bytes();
+    for l1 in [own_l1, 1 << 10] {
+        tiling::set_l1_bytes(l1);
+        assert_eq!(tiling::k_chunk_blocks(5, 8 * 20, 36, 2, l1) < 5, l1 < own_l1);
+        for (i, &ty) in TYPES.iter().enumerate() {
+            let w = random_weights(ty, rows, cols, 7 + i as u64);
+            let (act, stride) = random_activations(ty, cols, n_act, 100);
+            let packed = pack::pack(ty, rows, cols, &w).unwrap();
+            for order in [DotOrder::Llama, DotOrder::Block] {
+                let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, true);
+                for isa in paths() {
+                    for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {
+                        let got = run(isa, order, ty, layout, m, rows, cols, &act, stride, n_act, true);
+                        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty} {order} {layout:?}, {l1} bytes of L1");
+                    }
                 }
             }
         }
     }
+    tiling::set_l1_bytes(own_l1);
     // The k-quants' row-major kernels, 256-column rows: enough of them for two 64-row
     // chunks in the first call, each a block; then with a 1 KiB L1, chunks of a row (or
     // a tile's rows).

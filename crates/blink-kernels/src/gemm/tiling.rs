@@ -99,6 +99,21 @@ pub fn chunk_rows(row_bytes: usize, cache_bytes: usize) -> usize {
     (cache_bytes / 2 / row_bytes.max(1)).max(1)
 }
 
+/// Blocks per chunk of a tile's dot products (the k-cut), for weight groups of
+/// `group_block_bytes` per block and tiles of `tile_rows` activation rows of
+/// `act_block_bytes` per block. All `n_blocks` when a group and a tile's rows fit in `l1`;
+/// else chunks of them that fill at most half of it, so that a group's chunk stays in L1
+/// while every tile of the group runs over it: the fewest even chunks, at least a block
+/// each.
+pub fn k_chunk_blocks(n_blocks: usize, group_block_bytes: usize, act_block_bytes: usize, tile_rows: usize, l1: usize) -> usize {
+    let per_block = (group_block_bytes + tile_rows * act_block_bytes).max(1);
+    if n_blocks.saturating_mul(per_block) <= l1 {
+        return n_blocks.max(1);
+    }
+    let fit = (l1 / 2 / per_block).max(1);
+    n_blocks.div_ceil(n_blocks.div_ceil(fit))
+}
+
 /// Activation rows of `row_bytes` each that a panel takes when `l2` bytes of L2 are a
 /// core's and the rows overflow it: half of it, in whole multiples of [`MIN_PANEL_ROWS`],
 /// at least that many.
@@ -183,6 +198,31 @@ mod tests {
         assert_eq!(chunk_rows(288, 48 << 10), 85);
         // A row wider than the cache: one at a time.
         assert_eq!(chunk_rows(100_000, 32 << 10), 1);
+    }
+
+    /// A group and a tile's rows that fit in L1 stay whole (every matrix of SmolLM2, Q4_1
+    /// against Q8_1 rows two at a time: 576 and 1536 columns); longer ones go in the fewest
+    /// even chunks of at most half of it (14336 columns: 448 blocks of 232 bytes, 70 to a
+    /// half of 32 KiB, so seven chunks of 64).
+    #[test]
+    fn groups_too_long_for_l1_go_in_even_chunks() {
+        let (group_block, act_block) = (8 * 20, 36);
+        for blocks in [18, 48, 137] {
+            assert_eq!(k_chunk_blocks(blocks, group_block, act_block, 2, 32 << 10), blocks);
+        }
+        assert_eq!(k_chunk_blocks(448, group_block, act_block, 2, 32 << 10), 64);
+        for l1 in [1 << 10, 8 << 10, 48 << 10] {
+            for blocks in [1, 5, 100, 449] {
+                let chunk = k_chunk_blocks(blocks, group_block, act_block, 2, l1);
+                assert!((1..=blocks).contains(&chunk));
+                if chunk < blocks {
+                    assert!(chunk == 1 || chunk * (group_block + 2 * act_block) <= l1 / 2, "{blocks} blocks, {l1} bytes");
+                    // Even: the last chunk is at most one block shorter than the others'
+                    // share would be.
+                    assert!(blocks.div_ceil(chunk) * chunk - blocks < blocks.div_ceil(chunk));
+                }
+            }
+        }
     }
 
     #[test]

@@ -8,10 +8,10 @@
 //! eight rows at once. Then, per output exactly in the order of [`DotAcc`] (so results are
 //! bit-identical to the scalar reference):
 //!
-//! * `Llama` order ([`tile_lanes`]): one FMA by the eight rows' scales accumulates each
+//! * `Llama` order ([`tiles::tile_lanes`]): one FMA by the eight rows' scales accumulates each
 //!   lane, and the final `hsum8` over lanes becomes seven vertical adds giving eight outputs
 //!   together. Every 32 products cost a `dpbusd`, a convert and an FMA.
-//! * `Block` order ([`tile_block`]): the lanes add up in integers to each row's block sum,
+//! * `Block` order ([`tiles::tile_block`]): the lanes add up in integers to each row's block sum,
 //!   which one convert and one FMA accumulate: eight `dpbusd` and two float operations per
 //!   256 products.
 //!
@@ -29,10 +29,11 @@ use super::Out;
 use crate::cpu::Isa;
 use crate::order::DotOrder;
 
+mod groups;
 mod tiles;
 mod words;
 
-use tiles::{tile_block, tile_lanes, Tile};
+use groups::{groups, Ahead};
 
 /// A 32-element format as the kernel sees it.
 pub(super) trait Fam32 {
@@ -173,7 +174,7 @@ const fn largest_quant<F: Fam32 + ?Sized>() -> i32 {
 }
 
 /// Whether a block-order kernel adds its lanes' 16-bit pair sums before widening them
-/// (see [`tile_block`]).
+/// (see [`tiles::tile_block`]).
 const fn pairs_first<F: Fam32, D: DotU8I8>() -> bool {
     let (signed, _, small) = unsigned_form::<F, D>();
     D::PAIRS && (signed || small) && i16_lanes::<F>() >= 4
@@ -343,7 +344,7 @@ const fn unsigned_form<F: Fam32, D: DotU8I8>() -> (bool, i32, bool) {
 }
 
 /// Activation rows per tile when there are several, in each order, and the passes a
-/// `Llama`-order tile makes over the lanes ([`tile_lanes`]).
+/// `Llama`-order tile makes over the lanes ([`tiles::tile_lanes`]).
 pub(super) trait Shape {
     const LANE_PASSES: usize;
     const WIDE_LANES: usize;
@@ -352,6 +353,13 @@ pub(super) trait Shape {
     const WIDE_BLOCK_PAIRS: usize = Self::WIDE_BLOCK;
     /// Whether the block order takes the int8 route ([`int8_route`]).
     const INT8_IN_BLOCK_ORDER: bool = true;
+    /// Whether a group too long for L1 goes in chunks ([`groups`]'s k-cut): on plain
+    /// AVX2, whose tiles read a group twice (two lane passes) from L2 otherwise (14336
+    /// columns, 16 rows: `Q8_0` 34 -> 44 GMAC/s, `Q4_1` 48.5 -> 51), not with AVX-512's
+    /// registers, where the chunks' overhead weighs more than L2 reads (4096 columns:
+    /// `Q4_1` 93 -> 81). AVX-VNNI keeps whole groups too (not measured: no machine here
+    /// has it; its products are VNNI's).
+    const K_CUT: bool = false;
     #[inline(always)]
     fn wide(block: bool, pairs_first: bool) -> usize {
         match (block, pairs_first) {
@@ -399,6 +407,7 @@ impl Shape for Avx2 {
     const WIDE_LANES: usize = 2;
     const WIDE_BLOCK: usize = 2;
     const WIDE_BLOCK_PAIRS: usize = 3;
+    const K_CUT: bool = true;
 }
 
 /// `out[r][i] (+)= w_i · a_r` for `i` in each range of `rows`, `r` in `0..n_act`. `w` is
@@ -458,6 +467,7 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     let mut bytes = if int8 || words { BYTES_BUF.take() } else { Vec::new() };
     let bytes_group = n_blocks * Bytes::<F>::FIELDS.group_block();
     let mut act_words = if words { ACT_WORDS.take() } else { Vec::new() };
+    let mut partial = if words { PARTIAL.take() } else { Vec::new() };
     if words {
         words::widen_activations::<F>(act.as_ptr(), act_stride, n_act, n_blocks, &mut act_words);
     }
@@ -495,8 +505,7 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
                     }
                     let out = Out { ptr: out.ptr.add(g), ..out };
                     if words {
-                        words::to_words::<F>(n_blocks, group.as_ptr(), &mut bytes);
-                        words::group_tiles(n_blocks, &bytes, act_words, n_act, scales, live, out, std::ptr::null(), 0);
+                        words::group_tiles::<F>(n_blocks, group.as_ptr(), &mut bytes, act_words, n_act, scales, live, out, (std::ptr::null(), 0), &mut partial);
                     } else if int8 {
                         to_bytes::<F>(n_blocks, group.as_ptr(), &mut bytes, std::ptr::null(), 0);
                         groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, scales, offsets, out);
@@ -517,8 +526,7 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
                     let next = (at + group_bytes).min(w.len())..(at + 2 * group_bytes).min(w.len());
                     let out = Out { ptr: out.ptr.add(g), ..out };
                     if words {
-                        words::to_words::<F>(n_blocks, w.as_ptr().add(at), &mut bytes);
-                        words::group_tiles(n_blocks, &bytes, act_words, n_act, scales, live, out, w.as_ptr().add(next.start), next.len());
+                        words::group_tiles::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, act_words, n_act, scales, live, out, (w.as_ptr().add(next.start), next.len()), &mut partial);
                         continue;
                     }
                     to_bytes::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, w.as_ptr().add(next.start), next.len());
@@ -537,6 +545,7 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     }
     if words {
         ACT_WORDS.set(act_words);
+        PARTIAL.set(partial);
     }
     ACT_SCALES.set(scales);
     ACT_OFFSETS.set(offsets);
@@ -616,6 +625,9 @@ thread_local! {
     /// Each activation row's `−offset · Σa` per lane and block, for unsigned forms with an
     /// offset; likewise reused.
     static ACT_OFFSETS: std::cell::Cell<Vec<i32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// Each activation row's running sums between the chunks of a k-cut product
+    /// ([`tiles::Chunk`]); likewise reused.
+    static PARTIAL: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// One weight group packed on the fly from a row-major matrix; likewise reused.
     static GROUP_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
     /// Activation rows widened for the int16 route ([`words`]); likewise reused.
@@ -623,111 +635,6 @@ thread_local! {
     /// One weight group converted for the int8 route ([`Bytes`]) or widened for the int16
     /// route; likewise reused.
     static BYTES_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// The tiles of every weight group in `rows`.
-#[inline(always)]
-unsafe fn groups<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(n_blocks: usize, group_bytes: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, scales: &[f32], offsets: &[i32], out: Out) {
-    for g in (rows.start..rows.end).step_by(GROUP) {
-        let live = (rows.end - g).min(GROUP);
-        let wg = w.as_ptr().add(g / GROUP * group_bytes);
-        let ot = |j: usize| out.ptr.add(j * out.ld + g);
-        let at = |j: usize| act.as_ptr().add(j * act_stride);
-        let st = |j: usize| scales.as_ptr().add(2 * j * n_blocks);
-        let per_row = if BLOCK { n_blocks } else { 8 * n_blocks };
-        let ofs = |j: usize| if offsets.is_empty() { std::ptr::null() } else { offsets.as_ptr().add(j * per_row) };
-        // Every tile prefetches lines of the next group while the group computes, spread
-        // over all its tiles and blocks rather than requested all at once; past the end of
-        // `rows` too, where this thread's next claimed chunk most likely starts. (A lone
-        // tile is left to the hardware prefetcher: measured no better with it.)
-        let wide = D::wide(BLOCK, pairs_first::<F, D>());
-        let next_in_matrix = (g / GROUP + 2) * group_bytes <= w.len();
-        let next = if n_act > wide && next_in_matrix { wg.add(group_bytes) } else { std::ptr::null() };
-        let tiles = if wide > 1 { n_act / wide + n_act % wide } else { n_act };
-        let ahead = |k: usize| Ahead::new(next, group_bytes, k, tiles, n_blocks);
-        let tile = |j: usize, k: usize| Tile {
-            n_blocks,
-            w: wg,
-            a: at(j),
-            a_stride: act_stride,
-            scales: st(j),
-            offsets: ofs(j),
-            out: ot(j),
-            ld: out.ld,
-            accumulate: out.accumulate,
-            live,
-            ahead: ahead(k),
-        };
-        let l2 = tiles <= L2_FETCH_MAX_TILES;
-        macro_rules! tile {
-            ($ra:literal, $j:expr, $k:expr) => {
-                match (BLOCK, l2) {
-                    (true, true) => tile_block::<F, D, $ra, true>(tile($j, $k)),
-                    (true, false) => tile_block::<F, D, $ra, false>(tile($j, $k)),
-                    (false, true) => tile_lanes::<F, D, $ra, true>(tile($j, $k)),
-                    (false, false) => tile_lanes::<F, D, $ra, false>(tile($j, $k)),
-                }
-            };
-        }
-        let (mut j, mut k) = (0, 0);
-        while wide > 1 && n_act - j >= wide {
-            match wide {
-                2 => tile!(2, j, k),
-                3 => tile!(3, j, k),
-                _ => tile!(4, j, k),
-            }
-            j += wide;
-            k += 1;
-        }
-        while j < n_act {
-            tile!(1, j, k);
-            j += 1;
-            k += 1;
-        }
-    }
-}
-
-/// The lines of the next weight group a tile asks for, one per block: at block `b < count`,
-/// the line at `at + b · stride`. The count is worked out once per tile, so a block pays one
-/// compare (testing the pointer and the group's end at every block cost ~6% of a 16-row
-/// product).
-#[derive(Clone, Copy)]
-struct Ahead {
-    at: *const u8,
-    stride: usize,
-    count: usize,
-}
-
-/// Tiles per group up to which the next group is fetched into L2: a group of few tiles is
-/// done sooner than L1 prefetches arrive, and they hold the miss buffers its own loads
-/// need (4 rows streamed, K = 576: Q4_1 ~80 -> 89 GMAC/s, Q8_0 ~47 -> 71); with more
-/// tiles L1 is better (16 rows: Q4_1 92 against 85).
-const L2_FETCH_MAX_TILES: usize = 3;
-
-impl Ahead {
-    /// Nothing to fetch.
-    const NONE: Ahead = Ahead { at: std::ptr::null(), stride: 0, count: 0 };
-
-    /// Tile `k`'s share (every `tiles`-th line) of the `bytes` at `next` (none if null), at
-    /// most one line per block of its `n_blocks`.
-    fn new(next: *const u8, bytes: usize, k: usize, tiles: usize, n_blocks: usize) -> Ahead {
-        let lines = bytes.div_ceil(64);
-        let count = if next.is_null() || k >= lines { 0 } else { (lines - k).div_ceil(tiles).min(n_blocks) };
-        Ahead { at: next.wrapping_add(64 * k), stride: 64 * tiles, count }
-    }
-
-    /// At block `b`, its line: into L2 if `L2`, else into L1.
-    #[inline(always)]
-    unsafe fn fetch<const L2: bool>(self, b: usize) {
-        if b < self.count {
-            let p = self.at.wrapping_add(b * self.stride) as *const i8;
-            if L2 {
-                _mm_prefetch::<_MM_HINT_T1>(p);
-            } else {
-                _mm_prefetch::<_MM_HINT_T0>(p);
-            }
-        }
-    }
 }
 
 macro_rules! dispatch {

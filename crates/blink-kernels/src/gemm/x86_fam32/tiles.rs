@@ -78,11 +78,14 @@ unsafe fn weight_scales<F: Fam32>(gb: *const u8) -> __m256 {
 
 /// One tile's operands: the eight rows of a packed group (`w`, `n_blocks` group-blocks) ×
 /// activation rows from `a`, `a_stride` bytes apart, with their block scales (`d`, `s`
-/// pairs) and `−offset · Σa` values; results go to `out` (`ld` apart), written or added,
-/// the first `live` of each row's eight.
+/// pairs) and `−offset · Σa` values, `row_blocks` blocks' worth per activation row; results
+/// go to `out` (`ld` apart), written or added, the first `live` of each row's eight. With
+/// the blocks in chunks, `chunk` says where the sums start and end.
 #[derive(Clone, Copy)]
 pub(super) struct Tile {
     pub(super) n_blocks: usize,
+    pub(super) row_blocks: usize,
+    pub(super) chunk: Chunk,
     pub(super) w: *const u8,
     pub(super) a: *const u8,
     pub(super) a_stride: usize,
@@ -95,6 +98,77 @@ pub(super) struct Tile {
     pub(super) ahead: Ahead,
 }
 
+impl Tile {
+    /// Blocks per activation row in the scales and offsets: `n_blocks` itself where a
+    /// product is not in chunks (known when the kernel compiles).
+    #[inline(always)]
+    pub(super) fn row_blocks<const CHUNKED: bool>(self) -> usize {
+        if CHUNKED {
+            self.row_blocks
+        } else {
+            self.n_blocks
+        }
+    }
+}
+
+/// Where a tile's sums start and end when a product's blocks go in chunks (its k-cut,
+/// [`crate::gemm::tiling::k_chunk_blocks`]): from zero in the first chunk, else from
+/// `partial`; into the outputs in the last chunk, else back into `partial`.
+/// [`PARTIAL_FLOATS`] per activation row: a `Llama`-order tile's eight lane accumulators
+/// and its minimums' sum, a `Block`-order tile's accumulator. Each sum goes on in block
+/// order exactly as without chunks, so the bits do not change.
+#[derive(Clone, Copy)]
+pub(super) struct Chunk {
+    pub(super) partial: *mut f32,
+    pub(super) first: bool,
+    pub(super) last: bool,
+}
+
+/// Floats of a [`Chunk`]'s partial sums per activation row.
+pub(super) const PARTIAL_FLOATS: usize = 9 * 8;
+
+impl Chunk {
+    /// All the blocks at once.
+    pub(super) const WHOLE: Chunk = Chunk { partial: std::ptr::null_mut(), first: true, last: true };
+
+    /// Whether this is the first chunk (always, for a product not in chunks: known when
+    /// the kernel compiles, so its tiles test nothing).
+    #[inline(always)]
+    pub(super) fn first<const CHUNKED: bool>(self) -> bool {
+        !CHUNKED || self.first
+    }
+
+    /// Whether this is the last chunk (always, for a product not in chunks).
+    #[inline(always)]
+    pub(super) fn last<const CHUNKED: bool>(self) -> bool {
+        !CHUNKED || self.last
+    }
+
+    /// Activation row `j`'s `k`-th vector of partial sums.
+    #[inline(always)]
+    unsafe fn at(self, j: usize, k: usize) -> *mut f32 {
+        self.partial.add(j * PARTIAL_FLOATS + 8 * k)
+    }
+
+    /// Activation row `j`'s lane accumulators and minimums' sum, from the chunk before.
+    #[inline(always)]
+    pub(super) unsafe fn load_lanes(self, j: usize, acc: &mut [__m256; 8], tail: &mut __m256) {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(self.at(j, k));
+        }
+        *tail = _mm256_loadu_ps(self.at(j, 8));
+    }
+
+    /// Activation row `j`'s lane accumulators and minimums' sum, for the chunk after.
+    #[inline(always)]
+    pub(super) unsafe fn save_lanes(self, j: usize, acc: &[__m256; 8], tail: __m256) {
+        for (k, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(self.at(j, k), *a);
+        }
+        _mm256_storeu_ps(self.at(j, 8), tail);
+    }
+}
+
 /// One tile in the `Llama` order: the eight rows of a packed group × `RA` activation rows,
 /// eight float lanes each. Writes the rows below `live`.
 ///
@@ -104,28 +178,40 @@ pub(super) struct Tile {
 /// serves all of them. Each lane's sum is its own chain either way, so the bits do not
 /// change. (A lone row keeps one pass: measured faster for decoding.)
 #[inline(always)]
-pub(super) unsafe fn tile_lanes<F: Fam32, D: DotU8I8 + Shape, const RA: usize, const L2: bool>(t: Tile) {
+pub(super) unsafe fn tile_lanes<F: Fam32, D: DotU8I8 + Shape, const RA: usize, const L2: bool, const CHUNKED: bool>(t: Tile) {
     let mut acc = [[_mm256_setzero_ps(); 8]; RA];
     let mut tail = [_mm256_setzero_ps(); RA];
+    if !t.chunk.first::<CHUNKED>() {
+        for j in 0..RA {
+            t.chunk.load_lanes(j, &mut acc[j], &mut tail[j]);
+        }
+    }
     if D::LANE_PASSES == 1 || RA == 1 {
-        lanes_pass::<F, D, RA, L2, 0, 8>(t, &mut acc, Some(&mut tail));
+        lanes_pass::<F, D, RA, L2, CHUNKED, 0, 8>(t, &mut acc, Some(&mut tail));
     } else {
-        lanes_pass::<F, D, RA, L2, 0, 4>(t, &mut acc, None);
-        lanes_pass::<F, D, RA, false, 4, 4>(Tile { ahead: Ahead::NONE, ..t }, &mut acc, None);
+        lanes_pass::<F, D, RA, L2, CHUNKED, 0, 4>(t, &mut acc, None);
+        lanes_pass::<F, D, RA, false, CHUNKED, 4, 4>(Tile { ahead: Ahead::NONE, ..t }, &mut acc, None);
         // The minimums' products, a pass of their own (their registers would crowd the
         // lanes'), in the same order.
         let Tile { n_blocks, w, scales, .. } = t;
+        let row_blocks = t.row_blocks::<CHUNKED>();
         let (m_at, _, _) = F::FIELDS.packed_offsets();
         if F::FIELDS.m.is_some() {
             for b in 0..n_blocks {
                 let mw = f16x8(w.add(b * F::FIELDS.group_block() + m_at));
                 for (j, tail) in tail.iter_mut().enumerate() {
-                    *tail = _mm256_add_ps(*tail, _mm256_mul_ps(mw, _mm256_broadcast_ss(&*scales.add(2 * (j * n_blocks + b) + 1))));
+                    *tail = _mm256_add_ps(*tail, _mm256_mul_ps(mw, _mm256_broadcast_ss(&*scales.add(2 * (j * row_blocks + b) + 1))));
                 }
             }
         }
     }
-    let Tile { out, ld, accumulate, live, .. } = t;
+    let Tile { out, ld, accumulate, live, chunk, .. } = t;
+    if !chunk.last::<CHUNKED>() {
+        for j in 0..RA {
+            chunk.save_lanes(j, &acc[j], tail[j]);
+        }
+        return;
+    }
     for j in 0..RA {
         store(out.add(j * ld), lane_sum(&acc[j], tail[j]), live, accumulate);
     }
@@ -145,8 +231,9 @@ pub(super) unsafe fn lane_sum(c: &[__m256; 8], tail: __m256) -> __m256 {
 /// Lanes `FIRST..FIRST + COUNT` of a [`tile_lanes`] tile over every block, into `acc`, and
 /// the minimums' products into `tail` if given.
 #[inline(always)]
-unsafe fn lanes_pass<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool, const FIRST: usize, const COUNT: usize>(t: Tile, acc: &mut [[__m256; 8]; RA], mut tail: Option<&mut [__m256; RA]>) {
+unsafe fn lanes_pass<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool, const CHUNKED: bool, const FIRST: usize, const COUNT: usize>(t: Tile, acc: &mut [[__m256; 8]; RA], mut tail: Option<&mut [__m256; RA]>) {
     let Tile { n_blocks, w, a, a_stride, scales: scales_f32, offsets, ahead, .. } = t;
+    let row_blocks = t.row_blocks::<CHUNKED>();
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
     let group_block = fields.group_block();
@@ -166,14 +253,14 @@ unsafe fn lanes_pass<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool, cons
         let mut offs = [(_mm256_setzero_si256(), _mm256_setzero_si256()); RA];
         if offset != 0 && !signed {
             for (j, o) in offs.iter_mut().enumerate() {
-                let v = _mm256_loadu_si256(offsets.add(8 * (j * n_blocks + b)) as *const __m256i);
+                let v = _mm256_loadu_si256(offsets.add(8 * (j * row_blocks + b)) as *const __m256i);
                 *o = (_mm256_permute2x128_si256::<0x00>(v, v), _mm256_permute2x128_si256::<0x11>(v, v));
             }
         }
         for j in 0..RA {
             let ab = a.add(j * a_stride + b * F::ACT_BYTES);
             aq[j] = ab.add(F::ACT_QS);
-            let sc = scales_f32.add(2 * (j * n_blocks + b));
+            let sc = scales_f32.add(2 * (j * row_blocks + b));
             scales[j] = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*sc));
             if let Some(tail) = tail.as_deref_mut().filter(|_| has_min) {
                 tail[j] = _mm256_add_ps(tail[j], _mm256_mul_ps(mw, _mm256_broadcast_ss(&*sc.add(1))));
@@ -226,13 +313,19 @@ unsafe fn lane_offset(half: __m256i, lane: usize) -> __m256i {
 /// One tile in the `Block` order: the eight rows of a packed group × `RA` activation rows,
 /// one float accumulator each. Writes the rows below `live`.
 #[inline(always)]
-pub(super) unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool>(t: Tile) {
-    let Tile { n_blocks, w, a, a_stride, scales: scales_f32, offsets, out, ld, accumulate, live, ahead } = t;
+pub(super) unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool, const CHUNKED: bool>(t: Tile) {
+    let Tile { n_blocks, chunk, w, a, a_stride, scales: scales_f32, offsets, out, ld, accumulate, live, ahead, .. } = t;
+    let row_blocks = t.row_blocks::<CHUNKED>();
     let fields = F::FIELDS;
     let (m_at, _, _) = fields.packed_offsets();
     let group_block = fields.group_block();
     let has_min = fields.m.is_some();
     let mut acc = [_mm256_setzero_ps(); RA];
+    if !chunk.first::<CHUNKED>() {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_loadu_ps(chunk.at(j, 0));
+        }
+    }
     let (signed, offset, small) = unsigned_form::<F, D>();
     for b in 0..n_blocks {
         let gb = w.add(b * group_block);
@@ -246,7 +339,7 @@ pub(super) unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2:
         let mut sums = [[_mm256_setzero_si256(); 2]; RA];
         if offset != 0 && !signed {
             for (j, s) in sums.iter_mut().enumerate() {
-                s[0] = _mm256_set1_epi32(*offsets.add(j * n_blocks + b));
+                s[0] = _mm256_set1_epi32(*offsets.add(j * row_blocks + b));
             }
         }
         // With 16-bit pair sums and small enough quants, each chain's four lanes add up
@@ -287,7 +380,7 @@ pub(super) unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2:
         let dw = weight_scales::<F>(gb);
         let mw = if has_min { f16x8(gb.add(m_at)) } else { _mm256_setzero_ps() };
         for j in 0..RA {
-            let sc = scales_f32.add(2 * (j * n_blocks + b));
+            let sc = scales_f32.add(2 * (j * row_blocks + b));
             let total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[j][0], sums[j][1]));
             acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(&*sc)), total, acc[j]);
             if has_min {
@@ -296,7 +389,11 @@ pub(super) unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2:
         }
     }
     for (j, &v) in acc.iter().enumerate() {
-        store(out.add(j * ld), v, live, accumulate);
+        if chunk.last::<CHUNKED>() {
+            store(out.add(j * ld), v, live, accumulate);
+        } else {
+            _mm256_storeu_ps(chunk.at(j, 0), v);
+        }
     }
 }
 

@@ -12,8 +12,8 @@
 
 use std::arch::x86_64::*;
 
-use super::tiles::{lane_sum, store, Tile};
-use super::{Ahead, Fam32, Out};
+use super::tiles::{lane_sum, store, Chunk, Tile, PARTIAL_FLOATS};
+use super::{tiling, Ahead, Fam32, Out};
 
 /// Bytes of one widened group-block: the eight rows' f16 scales, then per lane two
 /// vectors of the eight rows' 16-bit pairs, quants `4l, 4l + 1` and `4l + 2, 4l + 3`.
@@ -87,18 +87,28 @@ pub(super) unsafe fn widen_activations<F: Fam32>(act: *const u8, stride: usize, 
 /// `Llama` order: the lanes in two passes of four, as [`super::tiles::tile_lanes`] makes
 /// them, for the same registers.
 #[inline(always)]
-pub(super) unsafe fn tile_words<const RA: usize>(t: Tile) {
+pub(super) unsafe fn tile_words<const RA: usize, const CHUNKED: bool>(t: Tile) {
     let mut acc = [[_mm256_setzero_ps(); 8]; RA];
-    if RA == 1 {
-        words_pass::<RA, 0, 8>(t, &mut acc);
-    } else {
-        words_pass::<RA, 0, 4>(t, &mut acc);
-        words_pass::<RA, 4, 4>(t, &mut acc);
+    let mut tail = [_mm256_setzero_ps(); RA];
+    if !t.chunk.first::<CHUNKED>() {
+        for j in 0..RA {
+            t.chunk.load_lanes(j, &mut acc[j], &mut tail[j]);
+        }
     }
-    let Tile { out, ld, accumulate, live, .. } = t;
+    if RA == 1 {
+        words_pass::<RA, CHUNKED, 0, 8>(t, &mut acc);
+    } else {
+        words_pass::<RA, CHUNKED, 0, 4>(t, &mut acc);
+        words_pass::<RA, CHUNKED, 4, 4>(t, &mut acc);
+    }
+    let Tile { out, ld, accumulate, live, chunk, .. } = t;
     for (j, acc) in acc.iter().enumerate() {
-        // (Plus zero, as the byte kernels add a format's missing minimums.)
-        store(out.add(j * ld), in_row_order(lane_sum(acc, _mm256_setzero_ps())), live, accumulate);
+        if chunk.last::<CHUNKED>() {
+            // (Plus zero, as the byte kernels add a format's missing minimums.)
+            store(out.add(j * ld), in_row_order(lane_sum(acc, tail[j])), live, accumulate);
+        } else {
+            chunk.save_lanes(j, acc, tail[j]);
+        }
     }
 }
 
@@ -106,8 +116,9 @@ pub(super) unsafe fn tile_words<const RA: usize>(t: Tile) {
 // (A lane indexes the weight pairs, the activations and every row's accumulators.)
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn words_pass<const RA: usize, const FIRST: usize, const COUNT: usize>(t: Tile, acc: &mut [[__m256; 8]; RA]) {
+unsafe fn words_pass<const RA: usize, const CHUNKED: bool, const FIRST: usize, const COUNT: usize>(t: Tile, acc: &mut [[__m256; 8]; RA]) {
     let Tile { n_blocks, w, a, a_stride, scales: scales_f32, ahead, .. } = t;
+    let row_blocks = t.row_blocks::<CHUNKED>();
     for b in 0..n_blocks {
         if FIRST == 0 {
             ahead.fetch::<false>(b);
@@ -118,7 +129,7 @@ unsafe fn words_pass<const RA: usize, const FIRST: usize, const COUNT: usize>(t:
         let mut aw = [std::ptr::null::<u8>(); RA];
         for j in 0..RA {
             aw[j] = a.add(j * a_stride + b * ACT_WORDS_BLOCK);
-            scales[j] = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*scales_f32.add(2 * (j * n_blocks + b))));
+            scales[j] = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*scales_f32.add(2 * (j * row_blocks + b))));
         }
         for lane in FIRST..FIRST + COUNT {
             let pairs = gb.add(16 + 64 * lane) as *const __m256i;
@@ -133,33 +144,55 @@ unsafe fn words_pass<const RA: usize, const FIRST: usize, const COUNT: usize>(t:
     }
 }
 
-/// The tiles of one widened group (its first `live` rows) against `n_act` widened
-/// activation rows with their block scales (`d`, unused `s` pairs). The tiles ask for the
-/// `next_bytes` at `next` (the next packed group, if not null), spread over their blocks.
+/// The tiles of one packed group at `src` (its first `live` rows), widened a chunk of
+/// blocks at a time into `words` ([`tiling::k_chunk_blocks`]: a chunk and a tile's
+/// activation rows fill at most half of L1), against `n_act` widened activation rows with
+/// their block scales (`d`, unused `s` pairs); `partial` keeps the tiles' sums between
+/// chunks. The tiles ask for what comes next (the group's next chunk, or the
+/// `next_bytes` at `next` after the last), spread over their blocks.
 #[inline(always)]
-pub(super) unsafe fn group_tiles(n_blocks: usize, w: &[u8], act: &[u8], n_act: usize, scales: &[f32], live: usize, out: Out, next: *const u8, next_bytes: usize) {
+pub(super) unsafe fn group_tiles<F: Fam32>(n_blocks: usize, src: *const u8, words: &mut Vec<u8>, act: &[u8], n_act: usize, scales: &[f32], live: usize, out: Out, (next, next_bytes): (*const u8, usize), partial: &mut Vec<f32>) {
     let a_stride = n_blocks * ACT_WORDS_BLOCK;
-    let tiles = n_act / 2 + n_act % 2;
-    assert!(w.len() >= n_blocks * WORDS_BLOCK && act.len() >= n_act * a_stride && scales.len() >= 2 * n_act * n_blocks);
-    let tile = |j: usize| Tile {
-        n_blocks,
-        w: w.as_ptr(),
-        a: act.as_ptr().add(j * a_stride),
-        a_stride,
-        scales: scales.as_ptr().add(2 * j * n_blocks),
-        offsets: std::ptr::null(),
-        out: out.ptr.add(j * out.ld),
-        ld: out.ld,
-        accumulate: out.accumulate,
-        live,
-        ahead: Ahead::new(next, next_bytes, j / 2, tiles, n_blocks),
-    };
-    let mut j = 0;
-    while n_act - j >= 2 {
-        tile_words::<2>(tile(j));
-        j += 2;
+    assert!(act.len() >= n_act * a_stride && scales.len() >= 2 * n_act * n_blocks);
+    let group_block = F::FIELDS.group_block();
+    let chunk_blocks = tiling::k_chunk_blocks(n_blocks, WORDS_BLOCK, ACT_WORDS_BLOCK, 2, tiling::l1_bytes());
+    if chunk_blocks < n_blocks {
+        partial.resize(n_act * PARTIAL_FLOATS, 0.0);
     }
-    if j < n_act {
-        tile_words::<1>(tile(j));
+    let tiles = n_act / 2 + n_act % 2;
+    for k0 in (0..n_blocks).step_by(chunk_blocks) {
+        let k1 = (k0 + chunk_blocks).min(n_blocks);
+        to_words::<F>(k1 - k0, src.add(k0 * group_block), words);
+        let chunk = if chunk_blocks < n_blocks { Chunk { partial: partial.as_mut_ptr(), first: k0 == 0, last: k1 == n_blocks } } else { Chunk::WHOLE };
+        let (next, next_bytes) = if k1 < n_blocks { (src.add(k1 * group_block), (n_blocks - k1).min(chunk_blocks) * group_block) } else { (next, next_bytes) };
+        let tile = |j: usize| Tile {
+            n_blocks: k1 - k0,
+            row_blocks: n_blocks,
+            chunk: Chunk { partial: if chunk.partial.is_null() { chunk.partial } else { chunk.partial.add(j * PARTIAL_FLOATS) }, ..chunk },
+            w: words.as_ptr(),
+            a: act.as_ptr().add(j * a_stride + k0 * ACT_WORDS_BLOCK),
+            a_stride,
+            scales: scales.as_ptr().add(2 * (j * n_blocks + k0)),
+            offsets: std::ptr::null(),
+            out: out.ptr.add(j * out.ld),
+            ld: out.ld,
+            accumulate: out.accumulate,
+            live,
+            ahead: Ahead::new(next, next_bytes, j / 2, tiles, k1 - k0),
+        };
+        let mut j = 0;
+        while n_act - j >= 2 {
+            match chunk_blocks < n_blocks {
+                true => tile_words::<2, true>(tile(j)),
+                false => tile_words::<2, false>(tile(j)),
+            }
+            j += 2;
+        }
+        if j < n_act {
+            match chunk_blocks < n_blocks {
+                true => tile_words::<1, true>(tile(j)),
+                false => tile_words::<1, false>(tile(j)),
+            }
+        }
     }
 }
