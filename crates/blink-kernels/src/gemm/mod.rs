@@ -297,8 +297,9 @@ pub(crate) const fn block_order_only(ty: GgmlType) -> bool {
 
 /// Bytes of one activation row of `cols` columns in a batch's `ty` product on `isa` in
 /// `order`, as its panels count them ([`tiling`]): a row of the activation format, or its
-/// quants widened to 16 bits where the int16 route takes the batch. None if `cols` cannot
-/// be a row of the activation format.
+/// quants widened to 16 bits where the int16 route takes batches (of 12 rows and more;
+/// panels only matter for many more). None if `cols` cannot be a row of the activation
+/// format.
 pub fn batch_act_row_bytes(isa: Isa, order: DotOrder, ty: GgmlType, cols: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     if x86_fam32::takes_int16_route(isa, order, ty) {
@@ -334,11 +335,14 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
             let int16 = x86_fam32::takes_int16_route(isa, order, ty);
             #[cfg(not(target_arch = "x86_64"))]
             let int16 = false;
+            #[cfg(target_arch = "x86_64")]
             let batches = match (int8, int16) {
-                (true, _) => "; batches of 4+ rows: each group converted to int8 once",
-                (_, true) => "; batches of 12+ rows: each group and row widened to 16 bits once, vpmaddwd",
-                _ => "",
+                (true, _) => format!("; batches of {}+ rows: each group converted to int8 once", x86_fam32::INT8_MIN_ROWS),
+                (_, true) => format!("; batches of {}+ rows: each group and row widened to 16 bits once (per panel), vpmaddwd", x86_fam32::WORDS_MIN_ROWS),
+                _ => String::new(),
             };
+            #[cfg(not(target_arch = "x86_64"))]
+            let batches = String::new();
             let order = match ty {
                 _ if block_order_only(ty) => "block order (llama.cpp's repacked kernel)",
                 _ if order == DotOrder::Llama => "llama.cpp's lane order",

@@ -10,8 +10,10 @@
 //! of a core's share of L3, so the panels after the first read its weights from L3, not
 //! from memory. Kernels that take weight rows a chunk at a time against every activation
 //! tile (the k-quants' row-major kernels) size the chunk to half of L1
-//! ([`chunk_rows`]), and the float kernels theirs to an eighth of L2. Panels, blocks and
-//! chunks change which order the tiles run in, never a result's bits.
+//! ([`chunk_rows`]), and the float kernels theirs to an eighth of L2; the 32-element
+//! formats' AVX2 tiles cut a weight group too long for L1 into chunks of blocks of half of
+//! it ([`k_chunk_blocks`], the k-cut). Panels, blocks and chunks change which order the
+//! tiles run in, never a result's bits.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -10,18 +10,19 @@ use super::tiles::{self, tile_block, tile_lanes, Tile};
 use super::{pairs_first, tiling, DotU8I8, Fam32, Out, Shape, GROUP, PARTIAL};
 
 /// The tiles of every weight group in `rows`. Where a group and a tile's activation rows
-/// do not fit in L1 together ([`tiling::k_chunk_blocks`]), the blocks go in chunks that
-/// stay in L1 across the group's tiles, each tile's running sums kept between chunks
-/// ([`tiles::Chunk`]).
+/// do not fit in L1 together ([`tiling::k_chunk_blocks`]) and there is more than one tile,
+/// the blocks go in chunks (on kernels with [`Shape::K_CUT`]) that stay in L1 across the
+/// group's tiles, each tile's running sums kept between chunks ([`tiles::Chunk`]).
 #[inline(always)]
 pub(super) unsafe fn groups<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(n_blocks: usize, group_bytes: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, scales: &[f32], offsets: &[i32], out: Out) {
     let wide = D::wide(BLOCK, pairs_first::<F, D>());
     let group_block = F::FIELDS.group_block();
-    let chunk_blocks = if D::K_CUT { tiling::k_chunk_blocks(n_blocks, group_block, F::ACT_BYTES, wide.min(n_act), tiling::l1_bytes()) } else { n_blocks };
-    let tiles = if wide > 1 { n_act / wide + n_act % wide } else { n_act };
+    // (One tile alone reuses nothing: it keeps whole groups.)
+    let chunk_blocks = if D::K_CUT && n_act > wide { tiling::k_chunk_blocks(n_blocks, group_block, F::ACT_BYTES, wide, tiling::l1_bytes()) } else { n_blocks };
+    let n_tiles = if wide > 1 { n_act / wide + n_act % wide } else { n_act };
     // Offsets per block: one in the block order, one per lane in llama.cpp's.
     let per_block = if BLOCK { 1 } else { 8 };
-    if chunk_blocks >= n_blocks {
+    if !D::K_CUT || chunk_blocks >= n_blocks {
         for g in (rows.start..rows.end).step_by(GROUP) {
             let live = (rows.end - g).min(GROUP);
             let wg = w.as_ptr().add(g / GROUP * group_bytes);
@@ -45,9 +46,9 @@ pub(super) unsafe fn groups<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(n_b
                 ld: out.ld,
                 accumulate: out.accumulate,
                 live,
-                ahead: Ahead::new(next, group_bytes, k, tiles, n_blocks),
+                ahead: Ahead::new(next, group_bytes, k, n_tiles, n_blocks),
             };
-            run_tiles::<F, D, BLOCK, false>(n_act, wide, tiles <= L2_FETCH_MAX_TILES, tile);
+            run_tiles::<F, D, BLOCK, false>(n_act, wide, n_tiles <= L2_FETCH_MAX_TILES, tile);
         }
         return;
     }
@@ -80,7 +81,7 @@ pub(super) unsafe fn groups<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool>(n_b
                 ld: out.ld,
                 accumulate: out.accumulate,
                 live,
-                ahead: Ahead::new(next, next_bytes, k, tiles, k1 - k0),
+                ahead: Ahead::new(next, next_bytes, k, n_tiles, k1 - k0),
             };
             run_tiles::<F, D, BLOCK, true>(n_act, wide, false, tile);
         }

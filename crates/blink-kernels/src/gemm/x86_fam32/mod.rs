@@ -127,7 +127,9 @@ pub(super) fn takes_int16_route(isa: Isa, order: DotOrder, ty: blink_gguf::GgmlT
 
 /// Activation rows from which a product takes the int8 route: the conversion costs about
 /// one tile's unpacking.
-const INT8_MIN_ROWS: usize = 4;
+pub(super) const INT8_MIN_ROWS: usize = 4;
+
+pub(super) use words::WORDS_MIN_ROWS;
 
 /// The packed group at `src` (`n_blocks` group-blocks of `F`) as [`Bytes<F>`] in `dst`,
 /// prefetching the `ahead_bytes` at `ahead` meanwhile.
@@ -462,28 +464,35 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     }
     // The int8 route: each group converted once, its tiles then load bytes.
     let int8 = int8_route::<F, D>(BLOCK) && n_act >= INT8_MIN_ROWS;
-    // Or the int16 route: each group and activation row widened once (`words`).
-    let words = words::takes::<F>(D::SIGN_TRICK, BLOCK) && n_act >= words::WORDS_MIN_ROWS;
+    // Or the int16 route: each group chunk widened once per panel, and the panel's
+    // activation rows (`words`).
+    let words = words::takes::<F>(D::SIGN_TRICK, BLOCK) && n_act >= WORDS_MIN_ROWS && n_blocks > 0;
     let mut bytes = if int8 || words { BYTES_BUF.take() } else { Vec::new() };
     let bytes_group = n_blocks * Bytes::<F>::FIELDS.group_block();
     let mut act_words = if words { ACT_WORDS.take() } else { Vec::new() };
     let mut partial = if words { PARTIAL.take() } else { Vec::new() };
-    if words {
-        words::widen_activations::<F>(act.as_ptr(), act_stride, n_act, n_blocks, &mut act_words);
-    }
     // Activation rows that overflow L2 go in panels of half of it (`tiling`); each claimed
     // range of weight groups runs against one panel after another.
     let act_row_bytes = n_blocks * if words { words::ACT_WORDS_BLOCK } else { F::ACT_BYTES };
     let panel = tiling::panel_for(n_act, act_row_bytes, tiling::l2_bytes());
+    // The rows widened once if they are one panel, else each panel as it comes (so the
+    // widened rows never outgrow a panel).
+    if words && panel >= n_act {
+        words::widen_activations::<F>(act.as_ptr(), act_stride, n_act, n_blocks, &mut act_words);
+    }
     let per_row = if BLOCK { n_blocks } else { 8 * n_blocks };
     let (all_act, all_scales, all_offsets, all_out) = (act, &scales[..], &offsets[..], out);
     // With several panels, the weights go in blocks that stay in L3 between them.
     let block = tiling::weight_block_rows(n_act, panel, n_blocks * F::FIELDS.block, GROUP, tiling::l3_bytes());
+    let all_n_act = n_act;
     for rows in std::iter::once(first).chain(rows).flat_map(|claimed| tiling::blocks(claimed, block)) {
         for p0 in (0..n_act).step_by(panel) {
             let n_act = (n_act - p0).min(panel);
             let act = &all_act[p0 * act_stride..];
-            let act_words = &act_words[(p0 * act_row_bytes).min(act_words.len())..];
+            if words && panel < all_n_act {
+                words::widen_activations::<F>(act.as_ptr(), act_stride, n_act, n_blocks, &mut act_words);
+            }
+            let act_words = &act_words[..];
             let (scales, offsets) = (&all_scales[2 * p0 * n_blocks..], if all_offsets.is_empty() { all_offsets } else { &all_offsets[p0 * per_row..] });
             let out = Out { ptr: all_out.ptr.add(p0 * all_out.ld), ..all_out };
             if ROW_MAJOR {

@@ -170,7 +170,8 @@ impl Chunk {
 }
 
 /// One tile in the `Llama` order: the eight rows of a packed group × `RA` activation rows,
-/// eight float lanes each. Writes the rows below `live`.
+/// eight float lanes each. Writes the rows below `live` (in a chunk before the last, saves
+/// its sums instead).
 ///
 /// With `D::LANE_PASSES == 2` and several activation rows, the lanes go in two passes over
 /// the blocks (lanes 0..4, then 4..8), so only four accumulators per activation row are
@@ -311,7 +312,8 @@ unsafe fn lane_offset(half: __m256i, lane: usize) -> __m256i {
 }
 
 /// One tile in the `Block` order: the eight rows of a packed group × `RA` activation rows,
-/// one float accumulator each. Writes the rows below `live`.
+/// one float accumulator each. Writes the rows below `live` (in a chunk before the last,
+/// saves its sums instead).
 #[inline(always)]
 pub(super) unsafe fn tile_block<F: Fam32, D: DotU8I8, const RA: usize, const L2: bool, const CHUNKED: bool>(t: Tile) {
     let Tile { n_blocks, chunk, w, a, a_stride, scales: scales_f32, offsets, out, ld, accumulate, live, ahead, .. } = t;

@@ -6,9 +6,11 @@
 //! sign in place of its xor: 58 GMAC/s against 70). Widened to 16 bits, the same
 //! four-product lane sum is two `madd`s of pairs and an add, which any pipe takes (70
 //! GMAC/s, with the second activation broadcast). So a batch
-//! widens each weight group once into pairs ([`to_words`]) and its activation rows once
-//! ([`widen_activations`]), and the tiles ([`tile_words`]) load both as they are. The lane
-//! sums are the same exact integers, so the bits are those of the byte kernels.
+//! widens each weight group once into pairs ([`to_words`], a chunk of blocks at a time
+//! that stays in L1, once per panel of activation rows) and its activation rows once
+//! ([`widen_activations`]; a panel at a time when there are several), and the tiles
+//! ([`tile_words`]) load both as they are. The lane sums are the same exact integers, so
+//! the bits are those of the byte kernels.
 
 use std::arch::x86_64::*;
 
@@ -36,7 +38,7 @@ unsafe fn in_row_order(v: __m256) -> __m256 {
 /// Activation rows from which a product takes the route: the widening is paid once per
 /// group (`gemm_stream`, in cache: 8 rows no gain, 12 rows 46 -> 48 GMAC/s, 16 rows 46 ->
 /// 49.6, 128 rows 46 -> 53; the 28 MB output matrix streamed, 16 rows 44 -> 46).
-pub(super) const WORDS_MIN_ROWS: usize = 12;
+pub(in crate::gemm) const WORDS_MIN_ROWS: usize = 12;
 
 /// Whether `F` in the `Llama` order takes the route on a kernel that multiplies bytes
 /// with the sign trick: signed 8-bit quants stored as such (not a table's).
