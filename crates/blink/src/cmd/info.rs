@@ -229,7 +229,7 @@ pub(crate) fn tiling(file: &blink_gguf::GgufFile, widths: &[usize]) -> String {
         .map(|(w, b)| format!("past {} rows of {w} columns, panels of {}", l2 / b, tiling::panel_rows(b, l2)))
         .collect();
     format!(
-        "activation rows that overflow the L2 ({} KiB per core) go in panels of half of it: {}; then weight rows in blocks of half the L3 ({} KiB per core); k-quant rows, and on AVX2 weight groups too long for the L1 ({} KiB per core), in chunks of half of it",
+        "activation rows that overflow the L2 ({} KiB per core) go in panels of half of it: {}; then weight rows in blocks of half the L3 ({} KiB per core); k-quant rows, and on AVX2 weight groups too long for it, in chunks of half the L1 ({} KiB per core)",
         l2 >> 10,
         panels.join("; "),
         tiling::l3_bytes() >> 10,
