@@ -76,16 +76,20 @@ def main(path):
                         checks.append(f"static splits: {desc}; the fastest at co-serving's attainment or better is {m}: co-serving {ft / max(r, 1e-9):.2f}× ({'yes' if ft >= 2 * r else 'NO'} for ≥ 2×)")
                     else:
                         checks.append(f"static splits: {desc}; none reaches co-serving's attainment")
-                errs, offline = defaultdict(list), defaultdict(list)
-                for r in co:
-                    for k, v in (r["summary"].get("latency_model_error") or {}).items():
-                        errs[k].append(v)
-                    for k, v in (r["summary"].get("latency_model_offline_error") or {}).items():
-                        offline[k].append(v)
-                if errs:
-                    checks.append("latency model median |error| per kind, refitted online (calibration alone): " + ", ".join(
-                        f"{k} {100 * statistics.median(v):.1f}% ({100 * statistics.median(offline[k]):.1f}%)" if offline.get(k) else f"{k} {100 * statistics.median(v):.1f}%"
-                        for k, v in errs.items()))
+                # The predictor's median |error| per kind: over the server's last steps of
+                # a kind (its gauge), and over every step of the run (its histograms; runs
+                # before they were exported have none).
+                for span, suffix in [("the last steps of each kind", ""), ("every step of the run", "_run")]:
+                    errs, offline = defaultdict(list), defaultdict(list)
+                    for r in co:
+                        for k, v in (r["summary"].get("latency_model_error" + suffix) or {}).items():
+                            errs[k].append(v)
+                        for k, v in (r["summary"].get("latency_model_offline_error" + suffix) or {}).items():
+                            offline[k].append(v)
+                    if errs:
+                        checks.append(f"latency model median |error| per kind over {span}, refitted online (calibration alone): " + ", ".join(
+                            f"{k} {100 * statistics.median(v):.1f}% ({100 * statistics.median(offline[k]):.1f}%)" if offline.get(k) else f"{k} {100 * statistics.median(v):.1f}%"
+                            for k, v in errs.items()))
             for c in checks:
                 print(f"- {c}")
             print()

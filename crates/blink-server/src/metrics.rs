@@ -8,7 +8,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use blink_engine::serve::latency::StepKind;
+use blink_engine::serve::latency::{ErrorCounts, StepKind, ERROR_BUCKETS};
 use blink_engine::serve::{EngineStats, LatencyKindStats};
 
 use crate::adapters::AdapterStats;
@@ -182,6 +182,30 @@ fn render_latency(out: &mut String, s: &EngineStats) {
             }
         }
     }
+    // Every step since the start, so a client can take the median over any span of them
+    // (the gauges above cover only the last steps of each kind).
+    type Counts = (&'static str, &'static str, fn(&LatencyKindStats) -> &ErrorCounts);
+    let histograms: [Counts; 2] = [
+        ("blink_latency_model_abs_error", "|Relative error| of the step-time predictor (refitted online) on every step of a kind so far.", |k| &k.online_counts),
+        ("blink_latency_model_offline_abs_error", "|Relative error| the offline coefficients alone would have had on every step of a kind so far.", |k| &k.offline_counts),
+    ];
+    for (name, help, counts) in histograms {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (k, stats) in &seen {
+            let (c, kind) = (counts(stats), k.name());
+            let mut cum = 0;
+            for (i, n) in c.buckets.iter().enumerate() {
+                cum += n;
+                match ERROR_BUCKETS.get(i) {
+                    Some(b) => writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"{b}\"}} {cum}"),
+                    None => writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {cum}"),
+                }
+                .ok();
+            }
+            let sum = if c.sum.is_finite() { c.sum.to_string() } else { "+Inf".into() };
+            let _ = writeln!(out, "{name}_sum{{kind=\"{kind}\"}} {sum}\n{name}_count{{kind=\"{kind}\"}} {cum}");
+        }
+    }
 }
 
 /// The fine-tuning jobs' figures (a server with a state directory).
@@ -223,8 +247,12 @@ mod tests {
         m.ttft.observe(0.2);
         m.itl.observe(0.02);
         let mut stats = EngineStats { running: 3, step_seconds_total: 2.0, compute_seconds_total: 1.5, kv_resident_bytes: 1 << 20, train_units_total: 7, ..Default::default() };
-        stats.latency[0] = LatencyKindStats { count: 12, median_online: 0.04, median_offline: 0.3, margin: 0.1 };
-        stats.latency[4] = LatencyKindStats { count: 3, median_online: f64::NAN, median_offline: f64::NAN, margin: 0.5 };
+        let mut online_counts = ErrorCounts::default();
+        for e in [0.004, 0.03, 0.035, 3.0] {
+            online_counts.add(e);
+        }
+        stats.latency[0] = LatencyKindStats { count: 12, median_online: 0.04, median_offline: 0.3, margin: 0.1, online_counts, ..Default::default() };
+        stats.latency[4] = LatencyKindStats { count: 3, median_online: f64::NAN, median_offline: f64::NAN, margin: 0.5, ..Default::default() };
         let adapters = AdapterStats { resident: 2, held_bytes: 1000, ..Default::default() };
         let text = m.render(Some(&stats), Some(&adapters));
         assert!(text.contains("blink_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2"), "{text}");
@@ -242,6 +270,15 @@ mod tests {
         assert!(text.contains("blink_latency_model_offline_relative_error{kind=\"decode\"} 0.3"), "{text}");
         assert!(text.contains("blink_latency_model_margin{kind=\"train_head\"} 0.5"), "{text}");
         assert!(!text.contains("NaN") && !text.contains("kind=\"prefill\""), "{text}");
+        // Every step's error in a cumulative histogram per kind (bounds inclusive).
+        for (le, n) in [("0.01", 1), ("0.02", 1), ("0.03", 2), ("0.04", 3), ("2", 3), ("+Inf", 4)] {
+            let line = format!("blink_latency_model_abs_error_bucket{{kind=\"decode\",le=\"{le}\"}} {n}\n");
+            assert!(text.contains(&line), "{line}{text}");
+        }
+        assert!(text.contains("blink_latency_model_abs_error_count{kind=\"decode\"} 4\n"), "{text}");
+        assert!(text.contains("blink_latency_model_abs_error_sum{kind=\"decode\"} 3.069"), "{text}");
+        assert!(text.contains("blink_latency_model_offline_abs_error_count{kind=\"decode\"} 0\n"), "{text}");
+        assert!(text.contains("blink_latency_model_abs_error_count{kind=\"train_head\"} 0\n"), "{text}");
         assert_eq!(sample(&m.render(None, None), "blink_model_loaded"), Some(0.0));
     }
 }

@@ -137,6 +137,9 @@ pub struct LatencyKindStats {
     pub median_offline: f64,
     /// The margin its predictions get.
     pub margin: f64,
+    /// Every |relative error| so far, of each model, counted in buckets.
+    pub online_counts: super::latency::ErrorCounts,
+    pub offline_counts: super::latency::ErrorCounts,
 }
 
 impl EngineStats {

@@ -132,7 +132,14 @@ impl CoTraining {
         self.errors_at = Instant::now();
         for e in self.latency.errors() {
             let i = StepKind::ALL.iter().position(|&k| k == e.kind).expect("a kind of StepKind::ALL");
-            stats.latency[i] = LatencyKindStats { count: e.count, median_online: e.median_online.unwrap_or(f64::NAN), median_offline: e.median_offline.unwrap_or(f64::NAN), margin: e.margin };
+            stats.latency[i] = LatencyKindStats {
+                count: e.count,
+                median_online: e.median_online.unwrap_or(f64::NAN),
+                median_offline: e.median_offline.unwrap_or(f64::NAN),
+                margin: e.margin,
+                online_counts: e.online_counts,
+                offline_counts: e.offline_counts,
+            };
         }
     }
 }

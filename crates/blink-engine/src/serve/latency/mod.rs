@@ -31,7 +31,7 @@ pub use coefficients::{Coefficients, FitReport, KindFit, PassCoefficients, UnitC
 pub use features::{StepKind, UnitCost, UnitKind, PASS_FEATURES, UNIT_FEATURES};
 pub use file::{LatencyFileError, FORMAT, VERSION};
 pub use fit::Sample;
-pub use window::KindError;
+pub use window::{ErrorCounts, KindError, ERROR_BUCKETS};
 
 use features::{pass_features, unit_features, PASS_SCALE, UNIT_SCALE};
 use rls::Rls;

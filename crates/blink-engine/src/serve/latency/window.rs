@@ -50,6 +50,37 @@ pub(super) fn median(values: &mut [f64]) -> f64 {
     }
 }
 
+/// Upper bounds of the buckets [`ErrorCounts`] counts |relative errors| in: every 1% up to
+/// 20% (a median read from them is within half a point), then coarser.
+pub const ERROR_BUCKETS: [f64; 27] = [
+    0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.10, 0.11, 0.12, 0.13, 0.14, 0.15, 0.16, 0.17, 0.18, 0.19, 0.20, 0.25, 0.30, 0.40, 0.50, 0.75, 1.0, 2.0,
+];
+
+/// How many |relative errors| fell in each bucket of [`ERROR_BUCKETS`] (the last count:
+/// above the last bound, or not a number), and their sum: a cumulative histogram once
+/// summed up, exported as such so that a client can take the median of any span of steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ErrorCounts {
+    pub buckets: [u64; ERROR_BUCKETS.len() + 1],
+    /// The sum of the errors counted (those above the last bound too; not-a-numbers left
+    /// out).
+    pub sum: f64,
+}
+
+impl ErrorCounts {
+    pub fn add(&mut self, abs_error: f64) {
+        let i = ERROR_BUCKETS.iter().position(|&b| abs_error <= b).unwrap_or(ERROR_BUCKETS.len());
+        self.buckets[i] += 1;
+        if !abs_error.is_nan() {
+            self.sum += abs_error;
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+}
+
 /// One kind's prediction errors, as [`super::LatencyModel::errors`] reports them. Errors
 /// are relative, `(actual − predicted) / predicted`, each taken before the observation
 /// updates the online model.
@@ -67,12 +98,18 @@ pub struct KindError {
     /// Whether `margin` is the quantile of recent errors (false: too few observations
     /// yet, it is the conservative default).
     pub margin_from_data: bool,
+    /// Every |relative error| of the online and of the offline model so far, counted in
+    /// buckets.
+    pub online_counts: ErrorCounts,
+    pub offline_counts: ErrorCounts,
 }
 
 struct KindTrack {
     online: Ring,
     offline: Ring,
     count: u64,
+    online_counts: ErrorCounts,
+    offline_counts: ErrorCounts,
     /// The quantile of the online model's recent under-predictions, once there are enough.
     margin: Option<f64>,
 }
@@ -92,7 +129,7 @@ impl ErrorTracker {
     pub fn new(window: usize, quantile: f64, min_samples: usize, default_margin: f64) -> ErrorTracker {
         let window = window.max(1);
         ErrorTracker {
-            kinds: std::array::from_fn(|_| KindTrack { online: Ring::new(window), offline: Ring::new(window), count: 0, margin: None }),
+            kinds: std::array::from_fn(|_| KindTrack { online: Ring::new(window), offline: Ring::new(window), count: 0, online_counts: ErrorCounts::default(), offline_counts: ErrorCounts::default(), margin: None }),
             scratch: Vec::with_capacity(window),
             quantile,
             min_samples: min_samples.clamp(1, window),
@@ -105,6 +142,8 @@ impl ErrorTracker {
         let k = &mut self.kinds[kind.index()];
         k.online.push(online);
         k.offline.push(offline);
+        k.online_counts.add(online.abs());
+        k.offline_counts.add(offline.abs());
         k.count += 1;
         if k.online.values().len() >= self.min_samples {
             self.scratch.clear();
@@ -135,6 +174,8 @@ impl ErrorTracker {
                 median_offline: abs_median(&k.offline),
                 margin: k.margin.unwrap_or(self.default_margin),
                 margin_from_data: k.margin.is_some(),
+                online_counts: k.online_counts,
+                offline_counts: k.offline_counts,
             }
         })
     }
@@ -199,5 +240,22 @@ mod tests {
         assert_eq!(r[0].median_offline, Some(0.0));
         assert_eq!(r[1].median_online, None);
         assert_eq!(t.capacities(), (100, 100));
+        // Since the start, every error in its bucket: 0.00 and 0.01 in the first
+        // (bounds are inclusive), 0.02 … 0.09 one each, the 90 at 0.2 in the 20% bucket.
+        let c = r[0].online_counts;
+        assert_eq!((c.buckets[0], c.buckets[1], c.buckets[8], c.buckets[19], c.count()), (2, 1, 1, 90, 100));
+        assert!((c.sum - (0.45 + 18.0)).abs() < 1e-9, "{}", c.sum);
+        assert_eq!((r[0].offline_counts.buckets[0], r[0].offline_counts.count()), (100, 100));
+        assert_eq!(r[1].online_counts.count(), 0);
+    }
+
+    #[test]
+    fn error_counts_put_large_and_broken_errors_in_the_last_bucket() {
+        let mut c = ErrorCounts::default();
+        for e in [0.105, 2.0, 2.5, f64::INFINITY, f64::NAN] {
+            c.add(e);
+        }
+        assert_eq!((c.buckets[10], c.buckets[26], c.buckets[27], c.count()), (1, 1, 3, 5));
+        assert_eq!(c.sum, f64::INFINITY);
     }
 }

@@ -5,7 +5,9 @@
 //!   fraction (its increase over wall time);
 //! - `blink_finetune_trained_tokens_total`: fine-tuning tokens committed (co-serving);
 //! - `blink_latency_model_relative_error{kind="..."}`: the step-time predictor's median
-//!   relative error, per kind of step.
+//!   relative error, per kind of step, over its last steps;
+//! - `blink_latency_model_abs_error_bucket{kind="...",le="..."}`: the same errors of every
+//!   step so far, in a cumulative histogram (two readings give a span's median).
 
 use std::time::Instant;
 
@@ -17,6 +19,13 @@ pub const TRAINED: &str = "blink_finetune_trained_tokens_total";
 pub const PREDICTOR: &str = "blink_latency_model_relative_error";
 /// The same error for the offline (calibrated) coefficients alone.
 pub const PREDICTOR_OFFLINE: &str = "blink_latency_model_offline_relative_error";
+/// Histograms of every step's |relative error|, of the online and of the offline model.
+pub const PREDICTOR_COUNTS: &str = "blink_latency_model_abs_error";
+pub const PREDICTOR_OFFLINE_COUNTS: &str = "blink_latency_model_offline_abs_error";
+
+/// A cumulative histogram per kind of step: `(kind, [(upper bound, steps at or below it)])`,
+/// bounds in the exposition's order (the last `+Inf`).
+pub type KindHistograms = Vec<(String, Vec<(f64, f64)>)>;
 
 /// One reading of `/metrics`.
 #[derive(Clone, Debug, Default)]
@@ -28,6 +37,9 @@ pub struct Scrape {
     /// `(kind, error)` per kind of step.
     pub predictor_error: Vec<(String, f64)>,
     pub predictor_offline_error: Vec<(String, f64)>,
+    /// Every step's errors so far, per kind.
+    pub predictor_counts: KindHistograms,
+    pub predictor_offline_counts: KindHistograms,
 }
 
 impl Scrape {
@@ -42,8 +54,40 @@ impl Scrape {
     }
 
     pub fn parse(text: &str) -> Scrape {
-        Scrape { at: 0.0, compute_seconds: sample(text, COMPUTE), trained_tokens: sample(text, TRAINED), predictor_error: by_label(text, PREDICTOR, "kind"), predictor_offline_error: by_label(text, PREDICTOR_OFFLINE, "kind") }
+        Scrape {
+            at: 0.0,
+            compute_seconds: sample(text, COMPUTE),
+            trained_tokens: sample(text, TRAINED),
+            predictor_error: by_label(text, PREDICTOR, "kind"),
+            predictor_offline_error: by_label(text, PREDICTOR_OFFLINE, "kind"),
+            predictor_counts: histograms(text, PREDICTOR_COUNTS),
+            predictor_offline_counts: histograms(text, PREDICTOR_OFFLINE_COUNTS),
+        }
     }
+}
+
+/// The buckets of histogram `name` per value of its `kind` label.
+fn histograms(text: &str, name: &str) -> KindHistograms {
+    let mut out: KindHistograms = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix("_bucket{")) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once('}') else {
+            continue;
+        };
+        let (Some(kind), Some(le), Ok(n)) = (label_value(labels, "kind"), label_value(labels, "le"), value.split_whitespace().next().unwrap_or("").parse::<f64>()) else {
+            continue;
+        };
+        let Ok(le) = (if le == "+Inf" { Ok(f64::INFINITY) } else { le.parse::<f64>() }) else {
+            continue;
+        };
+        match out.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, buckets)) => buckets.push((le, n)),
+            None => out.push((kind, vec![(le, n)])),
+        }
+    }
+    out
 }
 
 /// The samples of metric `name` as `(value of label, sample)`, in the exposition's order.
@@ -107,5 +151,19 @@ mod tests {
         assert_eq!((none.compute_seconds, none.trained_tokens, none.predictor_error.len()), (None, None, 0));
         assert!(Scrape::parse("").predictor_error.is_empty());
         assert!(by_label("m{kind=\"a\"} nan?\nm{kind=\"b} 1\nm{other=\"c\"} 2\n", "m", "kind").is_empty());
+    }
+
+    #[test]
+    fn histograms_by_kind() {
+        let text = "# TYPE blink_latency_model_abs_error histogram\n\
+                    blink_latency_model_abs_error_bucket{kind=\"decode\",le=\"0.01\"} 3\n\
+                    blink_latency_model_abs_error_bucket{kind=\"decode\",le=\"+Inf\"} 5\n\
+                    blink_latency_model_abs_error_sum{kind=\"decode\"} 0.7\n\
+                    blink_latency_model_abs_error_bucket{kind=\"mixed\",le=\"0.5\"} 1\n\
+                    blink_latency_model_abs_error_bucket{kind=\"mixed\",le=\"x\"} 1\n\
+                    blink_latency_model_offline_abs_error_bucket{kind=\"decode\",le=\"0.01\"} 0\n";
+        let s = Scrape::parse(text);
+        assert_eq!(s.predictor_counts, vec![("decode".to_string(), vec![(0.01, 3.0), (f64::INFINITY, 5.0)]), ("mixed".to_string(), vec![(0.5, 1.0)])]);
+        assert_eq!(s.predictor_offline_counts, vec![("decode".to_string(), vec![(0.01, 0.0)])]);
     }
 }

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use super::probe::Capacity;
 use super::run::{Outcome, Run};
-use super::scrape::{Scrape, PREDICTOR, TRAINED};
+use super::scrape::{KindHistograms, Scrape, PREDICTOR, TRAINED};
 use crate::cmd::client::{ms, percentile};
 
 /// Latency targets; a request attains them when it did not fail and its TTFT and TPOT
@@ -80,8 +80,12 @@ pub struct Summary {
     capacity: Option<Capacity>,
     busy: Option<f64>,
     finetune_tok_s: Option<f64>,
+    /// Median |relative error| per kind over the server's last steps of it (its gauge).
     predictor: Vec<(String, f64)>,
     predictor_offline: Vec<(String, f64)>,
+    /// The same over every step of the run (from its histograms' first and last readings).
+    predictor_run: Vec<(String, f64)>,
+    predictor_offline_run: Vec<(String, f64)>,
 }
 
 /// Sends later than this (p99) mean the client fell behind its schedule.
@@ -119,6 +123,8 @@ impl Summary {
             finetune_tok_s: rate(|s| s.trained_tokens),
             predictor: run.scrapes.iter().rev().map(|s| &s.predictor_error).find(|p| !p.is_empty()).cloned().unwrap_or_default(),
             predictor_offline: run.scrapes.iter().rev().map(|s| &s.predictor_offline_error).find(|p| !p.is_empty()).cloned().unwrap_or_default(),
+            predictor_run: span_medians(first.map(|s| &s.predictor_counts), last.map(|s| &s.predictor_counts)),
+            predictor_offline_run: span_medians(first.map(|s| &s.predictor_offline_counts), last.map(|s| &s.predictor_offline_counts)),
             trace,
         }
     }
@@ -172,6 +178,8 @@ impl Summary {
             "finetune_tok_s": self.finetune_tok_s,
             "latency_model_error": (!self.predictor.is_empty()).then(|| self.predictor.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
             "latency_model_offline_error": (!self.predictor_offline.is_empty()).then(|| self.predictor_offline.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
+            "latency_model_error_run": (!self.predictor_run.is_empty()).then(|| self.predictor_run.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
+            "latency_model_offline_error_run": (!self.predictor_offline_run.is_empty()).then(|| self.predictor_offline_run.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
             "send_lateness_s": {"p50": self.lateness.p50, "p99": self.lateness.p99, "max": self.lateness.max},
         })
     }
@@ -212,7 +220,11 @@ impl Summary {
         row("utilization", format!("{offered}; {busy}"));
         row("fine-tuning", self.finetune_tok_s.map_or(format!("absent (no {TRAINED})"), |r| format!("{r:.1} tok/s committed")));
         let predictor = self.predictor.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect::<Vec<_>>().join(", ");
-        row("latency model error", if predictor.is_empty() { format!("absent (no {PREDICTOR})") } else { predictor });
+        row("latency model error (last steps)", if predictor.is_empty() { format!("absent (no {PREDICTOR})") } else { predictor });
+        if !self.predictor_run.is_empty() {
+            let run = self.predictor_run.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect::<Vec<_>>().join(", ");
+            row("latency model error (every step of the run)", run);
+        }
         row("send lateness", format!("p50 {}, p99 {}, max {}", ms(self.lateness.p50), ms(self.lateness.p99), ms(self.lateness.max)));
         let mut errors: Vec<(&String, &usize)> = self.errors.iter().collect();
         errors.sort_by(|a, b| b.1.cmp(a.1));
@@ -223,5 +235,62 @@ impl Summary {
             out += &format!("\n… and {} other errors", errors.len() - 5);
         }
         out
+    }
+}
+
+/// Per kind, the median of the steps a cumulative histogram counted between two readings
+/// (`before` may lack a kind: none then), interpolated within its bucket as Prometheus's
+/// `histogram_quantile` does (the largest finite bound where it falls past them). Kinds
+/// with no step between the readings are left out.
+fn span_medians(before: Option<&KindHistograms>, after: Option<&KindHistograms>) -> Vec<(String, f64)> {
+    let Some(after) = after else { return Vec::new() };
+    let mut out = Vec::new();
+    for (kind, buckets) in after {
+        let earlier = before.and_then(|b| b.iter().find(|(k, _)| k == kind)).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
+        let counts: Vec<(f64, f64)> = buckets
+            .iter()
+            .map(|&(le, n)| (le, n - earlier.iter().find(|&&(l, _)| l == le).map_or(0.0, |&(_, m)| m)))
+            .collect();
+        let Some(&(_, total)) = counts.last() else { continue };
+        if total <= 0.0 {
+            continue;
+        }
+        let half = total / 2.0;
+        let (mut lower, mut below) = (0.0, 0.0);
+        for &(le, n) in &counts {
+            if n >= half {
+                let median = if le.is_finite() { lower + (le - lower) * (half - below) / (n - below).max(f64::MIN_POSITIVE) } else { lower };
+                out.push((kind.clone(), median));
+                break;
+            }
+            (lower, below) = (le, n);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn span_medians_interpolate_within_the_bucket() {
+        let h = |c: [f64; 4]| vec![(0.01, c[0]), (0.02, c[1]), (0.05, c[2]), (f64::INFINITY, c[3])];
+        let before = vec![("decode".to_string(), h([10.0, 10.0, 10.0, 10.0]))];
+        // 20 new steps: 4 at most 1%, 6 in (1%, 2%], 8 in (2%, 5%], 2 above: the 10th
+        // is the last of the second bucket.
+        let after = vec![("decode".to_string(), h([14.0, 20.0, 28.0, 30.0])), ("prefill".to_string(), h([0.0, 0.0, 4.0, 4.0])), ("mixed".to_string(), h([1.0, 1.0, 1.0, 1.0]))];
+        let m = span_medians(Some(&before), Some(&after));
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0].0, "decode");
+        assert!((m[0].1 - 0.02).abs() < 1e-12, "{m:?}");
+        // A kind new since the first reading: all 4 in (2%, 5%], the 2nd halfway.
+        assert!((m[1].1 - 0.035).abs() < 1e-12, "{m:?}");
+        // Without a first reading every step counts; past the finite bounds, the last one.
+        let m = span_medians(None, Some(&vec![("decode".to_string(), h([0.0, 1.0, 1.0, 5.0]))]));
+        assert_eq!(m, vec![("decode".to_string(), 0.05)]);
+        // No step between the readings: nothing.
+        assert!(span_medians(Some(&after), Some(&after)).is_empty());
+        assert!(span_medians(Some(&after), None).is_empty());
     }
 }
