@@ -176,10 +176,10 @@ impl Summary {
                 "engine_busy": self.busy,
             },
             "finetune_tok_s": self.finetune_tok_s,
-            "latency_model_error": (!self.predictor.is_empty()).then(|| self.predictor.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
-            "latency_model_offline_error": (!self.predictor_offline.is_empty()).then(|| self.predictor_offline.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
-            "latency_model_error_run": (!self.predictor_run.is_empty()).then(|| self.predictor_run.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
-            "latency_model_offline_error_run": (!self.predictor_offline_run.is_empty()).then(|| self.predictor_offline_run.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>()),
+            "latency_model_error": by_kind(&self.predictor),
+            "latency_model_offline_error": by_kind(&self.predictor_offline),
+            "latency_model_error_run": by_kind(&self.predictor_run),
+            "latency_model_offline_error_run": by_kind(&self.predictor_offline_run),
             "send_lateness_s": {"p50": self.lateness.p50, "p99": self.lateness.p99, "max": self.lateness.max},
         })
     }
@@ -219,11 +219,10 @@ impl Summary {
         let busy = self.busy.map_or("engine busy: absent (no blink_engine_compute_seconds_total)".into(), |b| format!("engine busy {b:.3}"));
         row("utilization", format!("{offered}; {busy}"));
         row("fine-tuning", self.finetune_tok_s.map_or(format!("absent (no {TRAINED})"), |r| format!("{r:.1} tok/s committed")));
-        let predictor = self.predictor.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect::<Vec<_>>().join(", ");
+        let predictor = percentages(&self.predictor);
         row("latency model error (last steps)", if predictor.is_empty() { format!("absent (no {PREDICTOR})") } else { predictor });
         if !self.predictor_run.is_empty() {
-            let run = self.predictor_run.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect::<Vec<_>>().join(", ");
-            row("latency model error (every step of the run)", run);
+            row("latency model error (every step of the run)", percentages(&self.predictor_run));
         }
         row("send lateness", format!("p50 {}, p99 {}, max {}", ms(self.lateness.p50), ms(self.lateness.p99), ms(self.lateness.max)));
         let mut errors: Vec<(&String, &usize)> = self.errors.iter().collect();
@@ -236,6 +235,16 @@ impl Summary {
         }
         out
     }
+}
+
+/// Figures per kind as a JSON object (`null` when there are none).
+fn by_kind(figures: &[(String, f64)]) -> Option<serde_json::Map<String, Value>> {
+    (!figures.is_empty()).then(|| figures.iter().map(|(k, v)| (k.clone(), json!(v))).collect())
+}
+
+/// Figures per kind as `decode 4.2%, prefill 7.0%`.
+fn percentages(figures: &[(String, f64)]) -> String {
+    figures.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect::<Vec<_>>().join(", ")
 }
 
 /// Per kind, the median of the steps a cumulative histogram counted between two readings
