@@ -186,8 +186,8 @@ fn render_latency(out: &mut String, s: &EngineStats) {
     // (the gauges above cover only the last steps of each kind).
     type Counts = (&'static str, &'static str, fn(&LatencyKindStats) -> &ErrorCounts);
     let histograms: [Counts; 2] = [
-        ("blink_latency_model_abs_error", "|Relative error| of the step-time predictor (refitted online) on every step of a kind so far.", |k| &k.online_counts),
-        ("blink_latency_model_offline_abs_error", "|Relative error| the offline coefficients alone would have had on every step of a kind so far.", |k| &k.offline_counts),
+        ("blink_latency_model_abs_error", "|Relative error| of the step-time predictor (refitted online) on every step (for the training kinds, unit) of a kind so far.", |k| &k.online_counts),
+        ("blink_latency_model_offline_abs_error", "|Relative error| the offline coefficients alone would have had on every step (or training unit) of a kind so far.", |k| &k.offline_counts),
     ];
     for (name, help, counts) in histograms {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");

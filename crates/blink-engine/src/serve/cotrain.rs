@@ -98,6 +98,9 @@ impl CoTraining {
     /// The step's pass took `time`.
     pub fn observe_pass(&mut self, cost: &StepCost, time: Duration, stats: &mut EngineStats) {
         self.latency.observe_pass(cost, time);
+        if let Some(kind) = StepKind::of_pass(cost) {
+            self.keep_counts(kind, stats);
+        }
         self.refresh_errors(stats);
     }
 
@@ -116,6 +119,7 @@ impl CoTraining {
         let time = t.elapsed();
         if let Some(ran) = run.ran {
             self.latency.observe_unit(&ran, time.saturating_sub(run.bookkeeping));
+            self.keep_counts(StepKind::of_unit(&ran), stats);
             stats.train_units_stopped += u64::from(ran.layers < taken.layers);
         }
         stats.train_units_total += 1;
@@ -123,6 +127,15 @@ impl CoTraining {
         stats.train_units_beside_requests += u64::from(beside_requests);
         self.refresh_errors(stats);
         time
+    }
+
+    /// A kind's error counts into the stats at every observation (the medians wait for
+    /// [`Self::refresh_errors`]), so a reader's two readings bound exactly the steps
+    /// between them, the last one of a busy period too.
+    fn keep_counts(&self, kind: StepKind, stats: &mut EngineStats) {
+        let s = &mut stats.latency[kind.index()];
+        (s.online_counts, s.offline_counts) = self.latency.error_counts(kind);
+        s.count = s.online_counts.count();
     }
 
     fn refresh_errors(&mut self, stats: &mut EngineStats) {

@@ -200,6 +200,12 @@ impl LatencyModel {
         self.errors.report()
     }
 
+    /// Every |relative error| of a kind so far, counted in buckets: the online model's,
+    /// then the offline one's. A copy; cheap enough for every step.
+    pub fn error_counts(&self, kind: StepKind) -> (ErrorCounts, ErrorCounts) {
+        self.errors.counts(kind)
+    }
+
     /// The online model's current coefficients, with the offline ones' setup and report.
     pub fn coefficients(&self) -> Coefficients {
         Coefficients {

@@ -51,7 +51,7 @@ pub(super) fn median(values: &mut [f64]) -> f64 {
 }
 
 /// Upper bounds of the buckets [`ErrorCounts`] counts |relative errors| in: every 1% up to
-/// 20% (a median read from them is within half a point), then coarser.
+/// 20% (a median interpolated within them is within a point), then coarser.
 pub const ERROR_BUCKETS: [f64; 27] = [
     0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.10, 0.11, 0.12, 0.13, 0.14, 0.15, 0.16, 0.17, 0.18, 0.19, 0.20, 0.25, 0.30, 0.40, 0.50, 0.75, 1.0, 2.0,
 ];
@@ -154,6 +154,12 @@ impl ErrorTracker {
 
     pub fn margin(&self, kind: StepKind) -> f64 {
         self.kinds[kind.index()].margin.unwrap_or(self.default_margin)
+    }
+
+    /// A kind's counts so far: of the online model's errors, then of the offline one's.
+    pub fn counts(&self, kind: StepKind) -> (ErrorCounts, ErrorCounts) {
+        let k = &self.kinds[kind.index()];
+        (k.online_counts, k.offline_counts)
     }
 
     /// Every kind's figures, in [`StepKind::ALL`]'s order.

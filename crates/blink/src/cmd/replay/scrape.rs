@@ -40,6 +40,8 @@ pub struct Scrape {
     /// Every step's errors so far, per kind.
     pub predictor_counts: KindHistograms,
     pub predictor_offline_counts: KindHistograms,
+    /// Whether `/metrics` answered (an empty reading otherwise, not a fresh server's).
+    pub answered: bool,
 }
 
 impl Scrape {
@@ -48,9 +50,9 @@ impl Scrape {
     pub async fn take(client: &Client, start: Instant) -> Scrape {
         let text = match client.get("/metrics").await {
             Ok(r) if r.status == 200 => r.text(),
-            _ => String::new(),
+            _ => return Scrape { at: start.elapsed().as_secs_f64(), ..Scrape::parse("") },
         };
-        Scrape { at: start.elapsed().as_secs_f64(), ..Scrape::parse(&text) }
+        Scrape { at: start.elapsed().as_secs_f64(), answered: true, ..Scrape::parse(&text) }
     }
 
     pub fn parse(text: &str) -> Scrape {
@@ -62,6 +64,7 @@ impl Scrape {
             predictor_offline_error: by_label(text, PREDICTOR_OFFLINE, "kind"),
             predictor_counts: histograms(text, PREDICTOR_COUNTS),
             predictor_offline_counts: histograms(text, PREDICTOR_OFFLINE_COUNTS),
+            answered: false,
         }
     }
 }

@@ -83,9 +83,10 @@ pub struct Summary {
     /// Median |relative error| per kind over the server's last steps of it (its gauge).
     predictor: Vec<(String, f64)>,
     predictor_offline: Vec<(String, f64)>,
-    /// The same over every step of the run (from its histograms' first and last readings).
-    predictor_run: Vec<(String, f64)>,
-    predictor_offline_run: Vec<(String, f64)>,
+    /// The same over every step of the run (from its histograms' first and last readings),
+    /// with the number of steps: `(kind, median, steps)`.
+    predictor_run: Vec<(String, f64, f64)>,
+    predictor_offline_run: Vec<(String, f64, f64)>,
 }
 
 /// Sends later than this (p99) mean the client fell behind its schedule.
@@ -123,8 +124,8 @@ impl Summary {
             finetune_tok_s: rate(|s| s.trained_tokens),
             predictor: run.scrapes.iter().rev().map(|s| &s.predictor_error).find(|p| !p.is_empty()).cloned().unwrap_or_default(),
             predictor_offline: run.scrapes.iter().rev().map(|s| &s.predictor_offline_error).find(|p| !p.is_empty()).cloned().unwrap_or_default(),
-            predictor_run: span_medians(first.map(|s| &s.predictor_counts), last.map(|s| &s.predictor_counts)),
-            predictor_offline_run: span_medians(first.map(|s| &s.predictor_offline_counts), last.map(|s| &s.predictor_offline_counts)),
+            predictor_run: span(first, last, |s| &s.predictor_counts),
+            predictor_offline_run: span(first, last, |s| &s.predictor_offline_counts),
             trace,
         }
     }
@@ -178,8 +179,9 @@ impl Summary {
             "finetune_tok_s": self.finetune_tok_s,
             "latency_model_error": by_kind(&self.predictor),
             "latency_model_offline_error": by_kind(&self.predictor_offline),
-            "latency_model_error_run": by_kind(&self.predictor_run),
-            "latency_model_offline_error_run": by_kind(&self.predictor_offline_run),
+            "latency_model_error_run": by_kind(&medians(&self.predictor_run)),
+            "latency_model_offline_error_run": by_kind(&medians(&self.predictor_offline_run)),
+            "latency_model_steps_run": by_kind(&self.predictor_run.iter().map(|(k, _, n)| (k.clone(), *n)).collect::<Vec<_>>()),
             "send_lateness_s": {"p50": self.lateness.p50, "p99": self.lateness.p99, "max": self.lateness.max},
         })
     }
@@ -222,7 +224,7 @@ impl Summary {
         let predictor = percentages(&self.predictor);
         row("latency model error (last steps)", if predictor.is_empty() { format!("absent (no {PREDICTOR})") } else { predictor });
         if !self.predictor_run.is_empty() {
-            row("latency model error (every step of the run)", percentages(&self.predictor_run));
+            row("latency model error (every step of the run)", percentages(&medians(&self.predictor_run)));
         }
         row("send lateness", format!("p50 {}, p99 {}, max {}", ms(self.lateness.p50), ms(self.lateness.p99), ms(self.lateness.max)));
         let mut errors: Vec<(&String, &usize)> = self.errors.iter().collect();
@@ -247,29 +249,44 @@ fn percentages(figures: &[(String, f64)]) -> String {
     figures.iter().map(|(k, v)| format!("{k} {:.1}%", v * 100.0)).collect::<Vec<_>>().join(", ")
 }
 
+/// The medians of `span_medians` without their counts.
+fn medians(figures: &[(String, f64, f64)]) -> Vec<(String, f64)> {
+    figures.iter().map(|(k, m, _)| (k.clone(), *m)).collect()
+}
+
+/// [`span_medians`] of the histograms `of` picks from the first and last readings, where
+/// both answered (nothing otherwise: a failed first reading is not a fresh server).
+fn span(first: Option<&Scrape>, last: Option<&Scrape>, of: fn(&Scrape) -> &KindHistograms) -> Vec<(String, f64, f64)> {
+    match (first, last) {
+        (Some(a), Some(b)) if a.answered && b.answered => span_medians(of(a), of(b)),
+        _ => Vec::new(),
+    }
+}
+
 /// Per kind, the median of the steps a cumulative histogram counted between two readings
 /// (`before` may lack a kind: none then), interpolated within its bucket as Prometheus's
-/// `histogram_quantile` does (the largest finite bound where it falls past them). Kinds
-/// with no step between the readings are left out.
-fn span_medians(before: Option<&KindHistograms>, after: Option<&KindHistograms>) -> Vec<(String, f64)> {
-    let Some(after) = after else { return Vec::new() };
+/// `histogram_quantile` does (the largest finite bound where it falls past them), and the
+/// number of those steps. Kinds with no step between the readings, or whose counts went
+/// down (the server restarted), are left out.
+fn span_medians(before: &KindHistograms, after: &KindHistograms) -> Vec<(String, f64, f64)> {
     let mut out = Vec::new();
     for (kind, buckets) in after {
-        let earlier = before.and_then(|b| b.iter().find(|(k, _)| k == kind)).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
+        let earlier = before.iter().find(|(k, _)| k == kind).map(|(_, b)| b.as_slice()).unwrap_or(&[]);
         let counts: Vec<(f64, f64)> = buckets
             .iter()
             .map(|&(le, n)| (le, n - earlier.iter().find(|&&(l, _)| l == le).map_or(0.0, |&(_, m)| m)))
             .collect();
         let Some(&(_, total)) = counts.last() else { continue };
-        if total <= 0.0 {
+        if total <= 0.0 || counts.iter().any(|&(_, n)| n < 0.0) {
             continue;
         }
         let half = total / 2.0;
         let (mut lower, mut below) = (0.0, 0.0);
         for &(le, n) in &counts {
             if n >= half {
-                let median = if le.is_finite() { lower + (le - lower) * (half - below) / (n - below).max(f64::MIN_POSITIVE) } else { lower };
-                out.push((kind.clone(), median));
+                // (n > below here: `below` is under half.)
+                let median = if le.is_finite() { lower + (le - lower) * (half - below) / (n - below) } else { lower };
+                out.push((kind.clone(), median, total));
                 break;
             }
             (lower, below) = (le, n);
@@ -285,21 +302,24 @@ mod tests {
     #[test]
     fn span_medians_interpolate_within_the_bucket() {
         let h = |c: [f64; 4]| vec![(0.01, c[0]), (0.02, c[1]), (0.05, c[2]), (f64::INFINITY, c[3])];
-        let before = vec![("decode".to_string(), h([10.0, 10.0, 10.0, 10.0]))];
+        let before = vec![("decode".to_string(), h([10.0, 10.0, 10.0, 10.0])), ("mixed".to_string(), h([3.0, 3.0, 3.0, 3.0]))];
         // 20 new steps: 4 at most 1%, 6 in (1%, 2%], 8 in (2%, 5%], 2 above: the 10th
         // is the last of the second bucket.
         let after = vec![("decode".to_string(), h([14.0, 20.0, 28.0, 30.0])), ("prefill".to_string(), h([0.0, 0.0, 4.0, 4.0])), ("mixed".to_string(), h([1.0, 1.0, 1.0, 1.0]))];
-        let m = span_medians(Some(&before), Some(&after));
-        assert_eq!(m.len(), 3);
-        assert_eq!(m[0].0, "decode");
-        assert!((m[0].1 - 0.02).abs() < 1e-12, "{m:?}");
-        // A kind new since the first reading: all 4 in (2%, 5%], the 2nd halfway.
-        assert!((m[1].1 - 0.035).abs() < 1e-12, "{m:?}");
-        // Without a first reading every step counts; past the finite bounds, the last one.
-        let m = span_medians(None, Some(&vec![("decode".to_string(), h([0.0, 1.0, 1.0, 5.0]))]));
-        assert_eq!(m, vec![("decode".to_string(), 0.05)]);
+        let m = span_medians(&before, &after);
+        // A kind new since the first reading: all 4 in (2%, 5%], the 2nd halfway. One
+        // whose counts went down (a restart) is left out.
+        let near = |got: &(String, f64, f64), kind: &str, median: f64, steps: f64| got.0 == kind && (got.1 - median).abs() < 1e-12 && got.2 == steps;
+        assert!(m.len() == 2 && near(&m[0], "decode", 0.02, 20.0) && near(&m[1], "prefill", 0.035, 4.0), "{m:?}");
+        // With nothing before every step counts; past the finite bounds, the last one.
+        let m = span_medians(&Vec::new(), &vec![("decode".to_string(), h([0.0, 1.0, 1.0, 5.0]))]);
+        assert_eq!(m, vec![("decode".to_string(), 0.05, 5.0)]);
         // No step between the readings: nothing.
-        assert!(span_medians(Some(&after), Some(&after)).is_empty());
-        assert!(span_medians(Some(&after), None).is_empty());
+        assert!(span_medians(&after, &after).is_empty());
+        // A first reading that failed is not a fresh server: no span at all.
+        let reading = |answered| Scrape { predictor_counts: after.clone(), answered, ..Scrape::parse("") };
+        assert!(span(Some(&reading(false)), Some(&reading(true)), |s| &s.predictor_counts).is_empty());
+        let fresh = Scrape { answered: true, ..Scrape::parse("") };
+        assert_eq!(span(Some(&fresh), Some(&reading(true)), |s| &s.predictor_counts).len(), 3);
     }
 }
