@@ -302,7 +302,7 @@ pub(crate) const fn block_order_only(ty: GgmlType) -> bool {
 /// format.
 pub fn batch_act_row_bytes(isa: Isa, order: DotOrder, ty: GgmlType, cols: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    if x86_fam32::takes_int16_route(isa, order, ty) {
+    if x86_fam32::takes_int16_route(isa, ty) {
         return cols.is_multiple_of(32).then_some(2 * cols);
     }
     let _ = (isa, order);
@@ -332,7 +332,7 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
             #[cfg(not(target_arch = "x86_64"))]
             let int8 = false;
             #[cfg(target_arch = "x86_64")]
-            let int16 = x86_fam32::takes_int16_route(isa, order, ty);
+            let int16 = x86_fam32::takes_int16_route(isa, ty);
             #[cfg(not(target_arch = "x86_64"))]
             let int16 = false;
             #[cfg(target_arch = "x86_64")]

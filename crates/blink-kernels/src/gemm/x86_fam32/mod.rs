@@ -118,11 +118,10 @@ pub(super) fn takes_int8_route(isa: Isa, order: DotOrder, ty: blink_gguf::GgmlTy
     }
 }
 
-/// Whether batches of `ty` take the int16 route ([`words`]) on `isa` in `order` (for
-/// `blink info`): `Q8_0` on plain AVX2 in llama.cpp's order.
-pub(super) fn takes_int16_route(isa: Isa, order: DotOrder, ty: blink_gguf::GgmlType) -> bool {
-    let block = order == DotOrder::Block || super::block_order_only(ty);
-    isa == Isa::Avx2 && ty == blink_gguf::GgmlType::Q8_0 && words::takes::<Q8_0>(Avx2::SIGN_TRICK, block)
+/// Whether batches of `ty` take the int16 route ([`words`]) on `isa` (for `blink info`):
+/// `Q8_0` on plain AVX2, in either order.
+pub(super) fn takes_int16_route(isa: Isa, ty: blink_gguf::GgmlType) -> bool {
+    isa == Isa::Avx2 && ty == blink_gguf::GgmlType::Q8_0 && words::takes::<Q8_0>(Avx2::SIGN_TRICK)
 }
 
 /// Activation rows from which a product takes the int8 route: the conversion costs about
@@ -466,7 +465,7 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
     let int8 = int8_route::<F, D>(BLOCK) && n_act >= INT8_MIN_ROWS;
     // Or the int16 route: each group chunk widened once per panel, and the panel's
     // activation rows (`words`).
-    let words = words::takes::<F>(D::SIGN_TRICK, BLOCK) && n_act >= WORDS_MIN_ROWS && n_blocks > 0;
+    let words = words::takes::<F>(D::SIGN_TRICK) && n_act >= WORDS_MIN_ROWS && n_blocks > 0;
     let mut bytes = if int8 || words { BYTES_BUF.take() } else { Vec::new() };
     let bytes_group = n_blocks * Bytes::<F>::FIELDS.group_block();
     let mut act_words = if words { ACT_WORDS.take() } else { Vec::new() };
@@ -514,7 +513,7 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
                     }
                     let out = Out { ptr: out.ptr.add(g), ..out };
                     if words {
-                        words::group_tiles::<F>(n_blocks, group.as_ptr(), &mut bytes, act_words, n_act, scales, live, out, (std::ptr::null(), 0), &mut partial);
+                        words::group_tiles::<F, BLOCK>(n_blocks, group.as_ptr(), &mut bytes, act_words, n_act, scales, live, out, (std::ptr::null(), 0), &mut partial);
                     } else if int8 {
                         to_bytes::<F>(n_blocks, group.as_ptr(), &mut bytes, std::ptr::null(), 0);
                         groups::<Bytes<F>, D, BLOCK>(n_blocks, bytes_group, &bytes, 0..live, act, act_stride, n_act, scales, offsets, out);
@@ -535,7 +534,7 @@ unsafe fn gemm<F: Fam32, D: DotU8I8 + Shape, const BLOCK: bool, const ROW_MAJOR:
                     let next = (at + group_bytes).min(w.len())..(at + 2 * group_bytes).min(w.len());
                     let out = Out { ptr: out.ptr.add(g), ..out };
                     if words {
-                        words::group_tiles::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, act_words, n_act, scales, live, out, (w.as_ptr().add(next.start), next.len()), &mut partial);
+                        words::group_tiles::<F, BLOCK>(n_blocks, w.as_ptr().add(at), &mut bytes, act_words, n_act, scales, live, out, (w.as_ptr().add(next.start), next.len()), &mut partial);
                         continue;
                     }
                     to_bytes::<F>(n_blocks, w.as_ptr().add(at), &mut bytes, w.as_ptr().add(next.start), next.len());

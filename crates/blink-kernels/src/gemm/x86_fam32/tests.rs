@@ -57,7 +57,7 @@ fn avx_vnni_shapes_equal_avx512_vnni() {
 
 /// `blink info` names the int8 route where the kernels take it: the formats with fifth
 /// bits, in either order except AVX-512's block order, and no other format; and the int16
-/// route likewise.
+/// route likewise (`Q8_0` on plain AVX2).
 #[test]
 fn the_int8_route_is_named_where_it_is_taken() {
     let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::MXFP4, GgmlType::Q4_K];
@@ -67,9 +67,9 @@ fn the_int8_route_is_named_where_it_is_taken() {
                 let expected = matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) && !(isa == Isa::Avx512Vnni && order == DotOrder::Block);
                 assert_eq!(takes_int8_route(isa, order, ty), expected, "{isa} {order} {ty:?}");
                 assert_eq!(crate::gemm::route(isa, order, ty).contains("converted to int8"), expected, "{isa} {order} {ty:?}");
-                // The int16 route: Q8_0 on plain AVX2, in llama.cpp's order only.
-                let expected = ty == GgmlType::Q8_0 && isa == Isa::Avx2 && order == DotOrder::Llama;
-                assert_eq!(takes_int16_route(isa, order, ty), expected, "{isa} {order} {ty:?}");
+                // The int16 route: Q8_0 on plain AVX2, in either order.
+                let expected = ty == GgmlType::Q8_0 && isa == Isa::Avx2;
+                assert_eq!(takes_int16_route(isa, ty), expected, "{isa} {order} {ty:?}");
                 assert_eq!(crate::gemm::route(isa, order, ty).contains("widened to 16 bits"), expected, "{isa} {order} {ty:?}");
             }
         }

@@ -146,7 +146,7 @@ impl Chunk {
 
     /// Activation row `j`'s `k`-th vector of partial sums.
     #[inline(always)]
-    unsafe fn at(self, j: usize, k: usize) -> *mut f32 {
+    pub(super) unsafe fn at(self, j: usize, k: usize) -> *mut f32 {
         self.partial.add(j * PARTIAL_FLOATS + 8 * k)
     }
 

@@ -1,4 +1,4 @@
-//! The int16 route of plain AVX2 for signed 8-bit quants (`Q8_0`) in llama.cpp's order.
+//! The int16 route of plain AVX2 for signed 8-bit quants (`Q8_0`), in both dot orders.
 //!
 //! With bytes, each 32 products cost a sign (`vpsignb`: the activations take the weights'
 //! signs, so that `maddubs` can take the weights' magnitudes), a `maddubs` and a `madd`,
@@ -9,8 +9,9 @@
 //! widens each weight group once into pairs ([`to_words`], a chunk of blocks at a time
 //! that stays in L1, once per panel of activation rows) and its activation rows once
 //! ([`widen_activations`]; a panel at a time when there are several), and the tiles
-//! ([`tile_words`]) load both as they are. The lane sums are the same exact integers, so
-//! the bits are those of the byte kernels.
+//! ([`tile_words`] in llama.cpp's order, [`tile_words_block`] in the block order) load
+//! both as they are. The lane and block sums are the same exact integers, so the bits are
+//! those of the byte kernels.
 
 use std::arch::x86_64::*;
 
@@ -40,10 +41,10 @@ unsafe fn in_row_order(v: __m256) -> __m256 {
 /// 49.6, 128 rows 46 -> 53; the 28 MB output matrix streamed, 16 rows 44 -> 46).
 pub(in crate::gemm) const WORDS_MIN_ROWS: usize = 12;
 
-/// Whether `F` in the `Llama` order takes the route on a kernel that multiplies bytes
-/// with the sign trick: signed 8-bit quants stored as such (not a table's).
-pub(super) const fn takes<F: Fam32>(sign_trick: bool, block: bool) -> bool {
-    sign_trick && !block && F::SIGNED && F::LUT.is_none() && F::FIELDS.bits == 8 && F::FIELDS.scale == 2 && !F::STORED_UNSIGNED
+/// Whether `F` takes the route on a kernel that multiplies bytes with the sign trick:
+/// signed 8-bit quants stored as such (not a table's), in either order.
+pub(super) const fn takes<F: Fam32>(sign_trick: bool) -> bool {
+    sign_trick && F::SIGNED && F::LUT.is_none() && F::FIELDS.bits == 8 && F::FIELDS.scale == 2 && !F::STORED_UNSIGNED
 }
 
 /// The packed group at `src` (`n_blocks` group-blocks of `F`) widened into `dst`.
@@ -146,6 +147,50 @@ unsafe fn words_pass<const RA: usize, const CHUNKED: bool, const FIRST: usize, c
     }
 }
 
+/// One tile of a widened group ([`to_words`]) × `RA` widened activation rows, in the
+/// `Block` order: each row's exact block sum (two `madd`s of pairs and an add a lane),
+/// then one float step a block, as [`super::tiles::tile_block`] makes them. With no sign
+/// to apply and no lanes to keep apart, each pair of weight vectors serves `RA` rows.
+// (A lane indexes the weight pairs and the activations.)
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+pub(super) unsafe fn tile_words_block<const RA: usize, const CHUNKED: bool>(t: Tile) {
+    let Tile { n_blocks, chunk, w, a, a_stride, scales: scales_f32, out, ld, accumulate, live, ahead, .. } = t;
+    let row_blocks = t.row_blocks::<CHUNKED>();
+    let mut acc = [_mm256_setzero_ps(); RA];
+    if !chunk.first::<CHUNKED>() {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_loadu_ps(chunk.at(j, 0));
+        }
+    }
+    for b in 0..n_blocks {
+        ahead.fetch::<false>(b);
+        let gb = w.add(b * WORDS_BLOCK);
+        let mut sums = [_mm256_setzero_si256(); RA];
+        for lane in 0..8 {
+            let pairs = gb.add(16 + 64 * lane) as *const __m256i;
+            let (first, second) = (_mm256_loadu_si256(pairs), _mm256_loadu_si256(pairs.add(1)));
+            for j in 0..RA {
+                let at = a.add(j * a_stride + b * ACT_WORDS_BLOCK + 8 * lane) as *const i32;
+                let (a01, a23) = (_mm256_set1_epi32(at.read_unaligned()), _mm256_set1_epi32(at.add(1).read_unaligned()));
+                sums[j] = _mm256_add_epi32(sums[j], _mm256_add_epi32(_mm256_madd_epi16(first, a01), _mm256_madd_epi16(second, a23)));
+            }
+        }
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(gb as *const __m128i));
+        for j in 0..RA {
+            let da = _mm256_broadcast_ss(&*scales_f32.add(2 * (j * row_blocks + b)));
+            acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(sums[j]), acc[j]);
+        }
+    }
+    for (j, &v) in acc.iter().enumerate() {
+        if chunk.last::<CHUNKED>() {
+            store(out.add(j * ld), in_row_order(v), live, accumulate);
+        } else {
+            _mm256_storeu_ps(chunk.at(j, 0), v);
+        }
+    }
+}
+
 /// The tiles of one packed group at `src` (its first `live` rows), widened a chunk of
 /// blocks at a time into `words` ([`tiling::k_chunk_blocks`]: a chunk and a tile's
 /// activation rows fill at most half of L1), against `n_act` widened activation rows with
@@ -153,21 +198,24 @@ unsafe fn words_pass<const RA: usize, const CHUNKED: bool, const FIRST: usize, c
 /// chunks. The tiles ask for what comes next (the group's next chunk, or the
 /// `next_bytes` at `next` after the last), spread over their blocks.
 #[inline(always)]
-pub(super) unsafe fn group_tiles<F: Fam32>(n_blocks: usize, src: *const u8, words: &mut Vec<u8>, act: &[u8], n_act: usize, scales: &[f32], live: usize, out: Out, (next, next_bytes): (*const u8, usize), partial: &mut Vec<f32>) {
+pub(super) unsafe fn group_tiles<F: Fam32, const BLOCK: bool>(n_blocks: usize, src: *const u8, words: &mut Vec<u8>, act: &[u8], n_act: usize, scales: &[f32], live: usize, out: Out, (next, next_bytes): (*const u8, usize), partial: &mut Vec<f32>) {
     let a_stride = n_blocks * ACT_WORDS_BLOCK;
     assert!(act.len() >= n_act * a_stride && scales.len() >= 2 * n_act * n_blocks);
     let group_block = F::FIELDS.group_block();
-    let chunk_blocks = tiling::k_chunk_blocks(n_blocks, WORDS_BLOCK, ACT_WORDS_BLOCK, 2, tiling::l1_bytes());
+    // Activation rows a tile: two in the `Llama` order (its lanes' accumulators fill the
+    // registers), four in the `Block` order; then one at a time.
+    let wide = if BLOCK { 4 } else { 2 };
+    let chunk_blocks = tiling::k_chunk_blocks(n_blocks, WORDS_BLOCK, ACT_WORDS_BLOCK, wide, tiling::l1_bytes());
     if chunk_blocks < n_blocks {
         partial.resize(n_act * PARTIAL_FLOATS, 0.0);
     }
-    let tiles = n_act / 2 + n_act % 2;
+    let tiles = n_act / wide + n_act % wide;
     for k0 in (0..n_blocks).step_by(chunk_blocks) {
         let k1 = (k0 + chunk_blocks).min(n_blocks);
         to_words::<F>(k1 - k0, src.add(k0 * group_block), words);
         let chunk = if chunk_blocks < n_blocks { Chunk { partial: partial.as_mut_ptr(), first: k0 == 0, last: k1 == n_blocks } } else { Chunk::WHOLE };
         let (next, next_bytes) = if k1 < n_blocks { (src.add(k1 * group_block), (n_blocks - k1).min(chunk_blocks) * group_block) } else { (next, next_bytes) };
-        let tile = |j: usize| Tile {
+        let tile = |j: usize, k: usize| Tile {
             n_blocks: k1 - k0,
             row_blocks: n_blocks,
             chunk: Chunk { partial: if chunk.partial.is_null() { chunk.partial } else { chunk.partial.add(j * PARTIAL_FLOATS) }, ..chunk },
@@ -180,21 +228,34 @@ pub(super) unsafe fn group_tiles<F: Fam32>(n_blocks: usize, src: *const u8, word
             ld: out.ld,
             accumulate: out.accumulate,
             live,
-            ahead: Ahead::new(next, next_bytes, j / 2, tiles, k1 - k0),
+            ahead: Ahead::new(next, next_bytes, k, tiles, k1 - k0),
         };
-        let mut j = 0;
-        while n_act - j >= 2 {
-            match chunk_blocks < n_blocks {
-                true => tile_words::<2, true>(tile(j)),
-                false => tile_words::<2, false>(tile(j)),
-            }
-            j += 2;
+        macro_rules! tile {
+            ($kernel:ident, $ra:literal, $j:expr, $k:expr) => {
+                match chunk_blocks < n_blocks {
+                    true => $kernel::<$ra, true>(tile($j, $k)),
+                    false => $kernel::<$ra, false>(tile($j, $k)),
+                }
+            };
         }
-        if j < n_act {
-            match chunk_blocks < n_blocks {
-                true => tile_words::<1, true>(tile(j)),
-                false => tile_words::<1, false>(tile(j)),
+        let (mut j, mut k) = (0, 0);
+        while n_act - j >= wide {
+            if BLOCK {
+                tile!(tile_words_block, 4, j, k);
+            } else {
+                tile!(tile_words, 2, j, k);
             }
+            j += wide;
+            k += 1;
+        }
+        while j < n_act {
+            if BLOCK {
+                tile!(tile_words_block, 1, j, k);
+            } else {
+                tile!(tile_words, 1, j, k);
+            }
+            j += 1;
+            k += 1;
         }
     }
 }
