@@ -233,6 +233,36 @@ fn activation_panels_do_not_change_results() {
     tiling::set_l3_bytes(before.1);
 }
 
+/// The int16 route (`Q8_0` on plain AVX2, from 12 activation rows) over each count of rows
+/// its tiles leave over: 12 to 15 rows are none to three after the block order's four-row
+/// tiles (which then take them in one tile), none or one after llama.cpp's order's pairs;
+/// with whole weight groups, and with a 1 KiB L1 in chunks of a block (first, middle and
+/// last). Both orders and layouts give the scalar definition's bits.
+#[test]
+fn int16_route_tiles_equal_scalar() {
+    let ty = GgmlType::Q8_0;
+    let (rows, cols) = (19, 160);
+    let w = random_weights(ty, rows, cols, 31);
+    let packed = pack::pack(ty, rows, cols, &w).unwrap();
+    let own_l1 = tiling::l1_bytes();
+    for l1 in [own_l1, 1 << 10] {
+        tiling::set_l1_bytes(l1);
+        for n_act in 12..16 {
+            let (act, stride) = random_activations(ty, cols, n_act, 300 + 2 * n_act as u64);
+            for order in [DotOrder::Llama, DotOrder::Block] {
+                let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, true);
+                for isa in paths() {
+                    for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {
+                        let got = run(isa, order, ty, layout, m, rows, cols, &act, stride, n_act, true);
+                        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {order} {layout:?}, {n_act} rows, {l1} bytes of L1");
+                    }
+                }
+            }
+        }
+    }
+    tiling::set_l1_bytes(own_l1);
+}
+
 /// The largest sums a kernel can meet: every quant at its largest magnitude against
 /// activations all at ±127, over tiles of every width. A kernel that adds 16-bit partial
 /// sums (plain AVX2's block order) overflows here first if its bound is wrong.

@@ -36,9 +36,12 @@ unsafe fn in_row_order(v: __m256) -> __m256 {
     _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)))
 }
 
-/// Activation rows from which a product takes the route: the widening is paid once per
-/// group (`gemm_stream`, in cache: 8 rows no gain, 12 rows 46 -> 48 GMAC/s, 16 rows 46 ->
-/// 49.6, 128 rows 46 -> 53; the 28 MB output matrix streamed, 16 rows 44 -> 46).
+/// Activation rows from which a product takes the route, in either order: the widening
+/// is paid once per group (`gemm_stream`, in cache, llama.cpp's order: 8 rows no gain, 12
+/// rows 46 -> 48 GMAC/s, 16 rows 46 -> 49.6, 128 rows 46 -> 53; the 28 MB output matrix
+/// streamed, 16 rows 44 -> 46; the block order: 4 and 8 rows slower, 46-48 and 54-57
+/// against 52-60, 12 rows the same, ~60, 14 rows 57 -> 59, 16 rows 59-60 -> 61-63, 128
+/// rows 57-60 -> 65-69).
 pub(in crate::gemm) const WORDS_MIN_ROWS: usize = 12;
 
 /// Whether `F` takes the route on a kernel that multiplies bytes with the sign trick:
@@ -205,11 +208,11 @@ pub(super) unsafe fn group_tiles<F: Fam32, const BLOCK: bool>(n_blocks: usize, s
     // Activation rows a tile: two in the `Llama` order (its lanes' accumulators fill the
     // registers), four in the `Block` order; then one at a time.
     let wide = if BLOCK { 4 } else { 2 };
+    let tiles = n_act.div_ceil(wide);
     let chunk_blocks = tiling::k_chunk_blocks(n_blocks, WORDS_BLOCK, ACT_WORDS_BLOCK, wide, tiling::l1_bytes());
     if chunk_blocks < n_blocks {
         partial.resize(n_act * PARTIAL_FLOATS, 0.0);
     }
-    let tiles = n_act / wide + n_act % wide;
     for k0 in (0..n_blocks).step_by(chunk_blocks) {
         let k1 = (k0 + chunk_blocks).min(n_blocks);
         to_words::<F>(k1 - k0, src.add(k0 * group_block), words);
@@ -248,14 +251,14 @@ pub(super) unsafe fn group_tiles<F: Fam32, const BLOCK: bool>(n_blocks: usize, s
             j += wide;
             k += 1;
         }
-        while j < n_act {
-            if BLOCK {
-                tile!(tile_words_block, 1, j, k);
-            } else {
-                tile!(tile_words, 1, j, k);
-            }
-            j += 1;
-            k += 1;
+        // The rows left: one tile of all of them in the `Block` order, one a row in the
+        // `Llama` order.
+        match (BLOCK, n_act - j) {
+            (_, 0) => {}
+            (true, 1) => tile!(tile_words_block, 1, j, k),
+            (true, 2) => tile!(tile_words_block, 2, j, k),
+            (true, _) => tile!(tile_words_block, 3, j, k),
+            (false, _) => tile!(tile_words, 1, j, k),
         }
     }
 }
