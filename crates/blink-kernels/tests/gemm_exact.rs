@@ -174,6 +174,18 @@ fn random_activations(ty: GgmlType, cols: usize, n: usize, seed: u64) -> (Vec<u8
     (act, stride)
 }
 
+/// Every SIMD path this CPU has, on both layouts (`w` row-major, `packed`), adds exactly
+/// the scalar definition's products to the outputs; `context` names the case.
+fn assert_paths_equal_scalar(ty: GgmlType, order: DotOrder, (rows, cols): (usize, usize), (w, packed): (&[u8], &[u8]), (act, stride, n_act): (&[u8], usize, usize), context: &str) {
+    let want = run(Isa::Scalar, order, ty, Layout::RowMajor, w, rows, cols, act, stride, n_act, true);
+    for isa in paths() {
+        for (layout, m) in [(Layout::Packed, packed), (Layout::RowMajor, w)] {
+            let got = run(isa, order, ty, layout, m, rows, cols, act, stride, n_act, true);
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty} {order} {layout:?}, {context}");
+        }
+    }
+}
+
 /// Many activation rows against a tiny L2 and L3 (and L1): the rows go in panels of 12
 /// (and a short last one), the weights in blocks of one group (and the k-quants' in
 /// chunks of one tile), and every result is still the scalar definition's, in every order
@@ -199,13 +211,7 @@ fn activation_panels_do_not_change_results() {
             let (act, stride) = random_activations(ty, cols, n_act, 100);
             let packed = pack::pack(ty, rows, cols, &w).unwrap();
             for order in [DotOrder::Llama, DotOrder::Block] {
-                let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, true);
-                for isa in paths() {
-                    for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {
-                        let got = run(isa, order, ty, layout, m, rows, cols, &act, stride, n_act, true);
-                        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {ty} {order} {layout:?}, {l1} bytes of L1");
-                    }
-                }
+                assert_paths_equal_scalar(ty, order, (rows, cols), (&w, &packed), (&act, stride, n_act), &format!("{l1} bytes of L1"));
             }
         }
     }
@@ -250,13 +256,7 @@ fn int16_route_tiles_equal_scalar() {
         for n_act in 12..16 {
             let (act, stride) = random_activations(ty, cols, n_act, 300 + 2 * n_act as u64);
             for order in [DotOrder::Llama, DotOrder::Block] {
-                let want = run(Isa::Scalar, order, ty, Layout::RowMajor, &w, rows, cols, &act, stride, n_act, true);
-                for isa in paths() {
-                    for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {
-                        let got = run(isa, order, ty, layout, m, rows, cols, &act, stride, n_act, true);
-                        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} {order} {layout:?}, {n_act} rows, {l1} bytes of L1");
-                    }
-                }
+                assert_paths_equal_scalar(ty, order, (rows, cols), (&w, &packed), (&act, stride, n_act), &format!("{n_act} rows, {l1} bytes of L1"));
             }
         }
     }
