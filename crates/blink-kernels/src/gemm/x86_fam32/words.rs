@@ -206,7 +206,7 @@ pub(super) unsafe fn group_tiles<F: Fam32, const BLOCK: bool>(n_blocks: usize, s
     assert!(act.len() >= n_act * a_stride && scales.len() >= 2 * n_act * n_blocks);
     let group_block = F::FIELDS.group_block();
     // Activation rows a tile: two in the `Llama` order (its lanes' accumulators fill the
-    // registers), four in the `Block` order; then one at a time.
+    // registers), four in the `Block` order (the rows left, below).
     let wide = if BLOCK { 4 } else { 2 };
     let tiles = n_act.div_ceil(wide);
     let chunk_blocks = tiling::k_chunk_blocks(n_blocks, WORDS_BLOCK, ACT_WORDS_BLOCK, wide, tiling::l1_bytes());
