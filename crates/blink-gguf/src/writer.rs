@@ -1,7 +1,10 @@
 //! [`GgufWriter`]: builds a GGUF v3 file in memory or on disk.
 //!
 //! Everything added is validated against the same rules the reader enforces, so whatever
-//! the writer produces opens again with [`GgufFile`](crate::GgufFile).
+//! the writer produces opens again with [`GgufFile`](crate::GgufFile). A tensor may also be
+//! declared without its data ([`GgufWriter::declare_tensor`]) and its bytes handed over only
+//! when the file is written ([`GgufWriter::write_with`]), so a file larger than memory can
+//! be made.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -19,7 +22,9 @@ struct PendingTensor {
     name: String,
     ty: GgmlType,
     dims: Vec<u64>,
-    data: Vec<u8>,
+    /// `None`: declared, its bytes given while the file is written.
+    data: Option<Vec<u8>>,
+    n_bytes: u64,
 }
 
 /// Collects metadata and tensors, then serialises them as a GGUF v3 file.
@@ -143,23 +148,7 @@ impl GgufWriter {
         data: Vec<u8>,
     ) -> Result<(), GgufError> {
         let name = name.into();
-        if let Some(&first) = self.tensor_index.get(&name) {
-            return Err(GgufError::DuplicateTensor {
-                name,
-                first,
-                second: self.tensors.len(),
-            });
-        }
-        if name.is_empty() || name.len() as u64 > MAX_NAME_LEN {
-            return Err(GgufError::Unwritable {
-                what: format!("tensor {}", Quoted(&name)),
-                problem: format!("names must be 1 to {MAX_NAME_LEN} bytes"),
-            });
-        }
-        let n_bytes = tensor_n_bytes(ty, dims).map_err(|problem| GgufError::BadTensor {
-            name: name.clone(),
-            problem,
-        })?;
+        let n_bytes = self.check_tensor(&name, ty, dims)?;
         if data.len() as u64 != n_bytes {
             return Err(GgufError::BadTensor {
                 problem: format!(
@@ -169,14 +158,61 @@ impl GgufWriter {
                 name,
             });
         }
+        self.push_tensor(name, ty, dims, Some(data), n_bytes);
+        Ok(())
+    }
+
+    /// Declares a tensor without its data: [`write_with`](Self::write_with) asks for its
+    /// bytes when their turn comes. Returns the number of bytes it will need.
+    pub fn declare_tensor(
+        &mut self,
+        name: impl Into<String>,
+        ty: GgmlType,
+        dims: &[u64],
+    ) -> Result<u64, GgufError> {
+        let name = name.into();
+        let n_bytes = self.check_tensor(&name, ty, dims)?;
+        self.push_tensor(name, ty, dims, None, n_bytes);
+        Ok(n_bytes)
+    }
+
+    /// Checks a new tensor's name and shape; its size in bytes.
+    fn check_tensor(&self, name: &str, ty: GgmlType, dims: &[u64]) -> Result<u64, GgufError> {
+        if let Some(&first) = self.tensor_index.get(name) {
+            return Err(GgufError::DuplicateTensor {
+                name: name.to_string(),
+                first,
+                second: self.tensors.len(),
+            });
+        }
+        if name.is_empty() || name.len() as u64 > MAX_NAME_LEN {
+            return Err(GgufError::Unwritable {
+                what: format!("tensor {}", Quoted(name)),
+                problem: format!("names must be 1 to {MAX_NAME_LEN} bytes"),
+            });
+        }
+        tensor_n_bytes(ty, dims).map_err(|problem| GgufError::BadTensor {
+            name: name.to_string(),
+            problem,
+        })
+    }
+
+    fn push_tensor(
+        &mut self,
+        name: String,
+        ty: GgmlType,
+        dims: &[u64],
+        data: Option<Vec<u8>>,
+        n_bytes: u64,
+    ) {
         self.tensor_index.insert(name.clone(), self.tensors.len());
         self.tensors.push(PendingTensor {
             name,
             ty,
             dims: dims.to_vec(),
             data,
+            n_bytes,
         });
-        Ok(())
     }
 
     /// Everything before the tensor data: header, metadata, tensor table and padding.
@@ -213,37 +249,89 @@ impl GgufWriter {
         let alignment = self.alignment();
         self.tensors.iter().scan(0u64, move |end, t| {
             let start = align_up(*end, alignment);
-            *end = start + t.data.len() as u64;
+            *end = start + t.n_bytes;
             Some(start)
         })
     }
 
     /// The whole file as bytes. The file ends with the last tensor's data (or, without
     /// tensors, with the tensor table): no trailing padding, so every byte is needed.
+    ///
+    /// # Panics
+    /// If a tensor was declared without its data ([`write_with`](Self::write_with) writes
+    /// those).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = self.head();
-        let data_start = out.len();
-        for (t, offset) in self.tensors.iter().zip(self.offsets()) {
-            out.resize(data_start + offset as usize, 0);
-            out.extend_from_slice(&t.data);
-        }
+        let mut out = Vec::new();
+        self.write_to(&mut out)
+            .expect("every tensor's data is held (declared tensors need write_with)");
         out
     }
 
-    /// Streams the file to `w`; the bytes are those of [`to_bytes`](Self::to_bytes).
+    /// Streams the file to `w`; the bytes are those of [`to_bytes`](Self::to_bytes). Fails
+    /// if a tensor was declared without its data.
     pub fn write_to(&self, w: &mut impl Write) -> io::Result<()> {
+        self.write_to_with(w, |name, _| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("tensor {} was declared without its data", Quoted(name)),
+            ))
+        })
+    }
+
+    /// Streams the file to `w`, calling `fill(name, w)` for each tensor declared without
+    /// its data, in order, to write exactly its bytes (a different count is an error).
+    pub fn write_to_with<W: Write>(
+        &self,
+        w: &mut W,
+        mut fill: impl FnMut(&str, &mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<()> {
         w.write_all(&self.head())?;
         let mut written = 0u64;
         for (t, offset) in self.tensors.iter().zip(self.offsets()) {
             write_zeros(w, offset - written)?;
-            w.write_all(&t.data)?;
-            written = offset + t.data.len() as u64;
+            match &t.data {
+                Some(data) => w.write_all(data)?,
+                None => {
+                    let mut counted = Counted {
+                        inner: &mut *w,
+                        n: 0,
+                    };
+                    fill(&t.name, &mut counted)?;
+                    if counted.n != t.n_bytes {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "tensor {} was given {} bytes, but needs {}",
+                                Quoted(&t.name),
+                                counted.n,
+                                t.n_bytes
+                            ),
+                        ));
+                    }
+                }
+            }
+            written = offset + t.n_bytes;
         }
         w.flush()
     }
 
     /// Writes the file to `path`, replacing any existing file.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
+        self.write_with(path, |name, _| {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("tensor {} was declared without its data", Quoted(name)),
+            ))
+        })
+    }
+
+    /// Writes the file to `path`, replacing any existing file, with `fill` writing each
+    /// declared tensor's bytes as in [`write_to_with`](Self::write_to_with).
+    pub fn write_with(
+        &self,
+        path: impl AsRef<Path>,
+        fill: impl FnMut(&str, &mut dyn Write) -> io::Result<()>,
+    ) -> Result<(), GgufError> {
         let path = path.as_ref();
         let io_err = |action| {
             move |source| GgufError::Io {
@@ -253,12 +341,30 @@ impl GgufWriter {
             }
         };
         let file = File::create(path).map_err(io_err("create"))?;
-        let mut w = BufWriter::new(file);
-        self.write_to(&mut w).map_err(io_err("write"))?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        self.write_to_with(&mut w, fill).map_err(io_err("write"))?;
         w.into_inner()
             .map_err(|e| io_err("write")(e.into_error()))?
             .sync_all()
             .map_err(io_err("sync"))
+    }
+}
+
+/// A writer that counts the bytes passed through it.
+struct Counted<'a, W: Write> {
+    inner: &'a mut W,
+    n: u64,
+}
+
+impl<W: Write> Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
     }
 }
 

@@ -2,6 +2,8 @@
 
 mod common;
 
+use std::io::Write;
+
 use blink_gguf::{Array, GgmlType, GgufError, GgufFile, GgufWriter, Value};
 use common::{expect_msg, filler, sample_file, sample_writer, touch_everything};
 
@@ -423,4 +425,42 @@ fn hand_built_corruption_of_writer_output_is_caught() {
     let mut bad = bytes;
     bad[type_at..type_at + 4].copy_from_slice(&4u32.to_le_bytes());
     expect_msg(bad, &["unsupported tensor type Q4_2 (removed from ggml) (id 4) for tensor 'b'"]);
+}
+
+#[test]
+fn declared_tensors_stream_the_same_bytes() {
+    let data = |n: usize, seed: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
+    let tensors: [(&str, GgmlType, Vec<u64>); 3] = [("a", GgmlType::F32, vec![3, 5]), ("b", GgmlType::Q4_0, vec![64, 3]), ("c", GgmlType::F16, vec![7])];
+    let (mut held, mut declared) = (GgufWriter::new(), GgufWriter::new());
+    for w in [&mut held, &mut declared] {
+        w.add("general.architecture", "test").unwrap();
+    }
+    let mut bytes = Vec::new();
+    for (i, (name, ty, dims)) in tensors.iter().enumerate() {
+        let n = declared.declare_tensor(*name, *ty, dims).unwrap() as usize;
+        bytes.push(data(n, i as u8));
+        held.add_tensor(*name, *ty, dims, &bytes[i]).unwrap();
+    }
+    assert_eq!(declared.declare_tensor("a", GgmlType::F32, &[1]).unwrap_err().to_string(), held.add_tensor("a", GgmlType::F32, &[1], &[0; 4]).unwrap_err().to_string());
+    let mut asked = Vec::new();
+    let mut out = Vec::new();
+    declared
+        .write_to_with(&mut out, |name, w| {
+            asked.push(name.to_string());
+            let i = tensors.iter().position(|t| t.0 == name).unwrap();
+            // In two pieces, as a chunked producer writes.
+            let (x, y) = bytes[i].split_at(bytes[i].len() / 2);
+            w.write_all(x)?;
+            w.write_all(y)
+        })
+        .unwrap();
+    assert_eq!(asked, ["a", "b", "c"]);
+    assert_eq!(out, held.to_bytes());
+    GgufFile::from_bytes(out).unwrap();
+
+    // A declared tensor given too few bytes, or none, fails.
+    let short = declared.write_to_with(&mut Vec::new(), |_, w| w.write_all(&[0; 4])).unwrap_err();
+    assert!(short.to_string().contains("tensor 'a' was given 4 bytes, but needs 60"), "{short}");
+    let none = declared.write_to(&mut Vec::new()).unwrap_err();
+    assert!(none.to_string().contains("declared without its data"), "{none}");
 }
