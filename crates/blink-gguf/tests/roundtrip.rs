@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::io::Write;
-
 use blink_gguf::{Array, GgmlType, GgufError, GgufFile, GgufWriter, Value};
 use common::{expect_msg, filler, sample_file, sample_writer, touch_everything};
 
