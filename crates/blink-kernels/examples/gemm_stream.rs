@@ -5,6 +5,7 @@
 //! matrices' width (default 576), `ACTS=1,4,16` the activation row counts (default 1,16),
 //! `ROW_MAJOR=1` leaves the matrices as the file has them (packed a group at a time on the
 //! fly), `TYPES=Q5_0,Q4_0` times one in-cache matrix of each of those types instead,
+//! `COPIES=100` streams that many copies of each `TYPES` matrix in turn (from memory),
 //! `L2_KIB=512` sizes the activation panels for that L2 instead of this CPU's (a huge one:
 //! no panels), `L3_KIB` the weight blocks likewise.
 
@@ -33,7 +34,10 @@ fn main() {
     let acts: Vec<usize> = env("ACTS").map_or(vec![1, 16], |v| v.split(',').map(|n| n.parse().expect("ACTS: counts like 1,4,16")).collect());
     let cases = match env("TYPES") {
         // One in-cache matrix of each named type.
-        Some(names) => names.split(',').map(|n| (GgmlType::ALL.into_iter().find(|t| t.name() == n).unwrap_or_else(|| panic!("TYPES: unknown type {n}")), 1536, 1)).collect(),
+        Some(names) => {
+            let copies: usize = env("COPIES").map_or(1, |v| v.parse().expect("COPIES: a number of copies"));
+            names.split(',').map(|n| (GgmlType::ALL.into_iter().find(|t| t.name() == n).unwrap_or_else(|| panic!("TYPES: unknown type {n}")), 1536, copies)).collect()
+        }
         None => vec![(GgmlType::Q4_1, 1536, 1), (GgmlType::Q4_1, 1536, 100), (GgmlType::Q8_0, 1536, 1), (GgmlType::Q8_0, 49152, 1)],
     };
     for (ty, rows, copies) in cases {

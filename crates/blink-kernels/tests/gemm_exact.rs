@@ -323,11 +323,70 @@ proptest! {
         // Some rows as llama.cpp computes them in a group of four (Q4_K tells them apart).
         let grouped: Vec<bool> = (0..n_act).map(|r| (seed >> (r % 64)) & 1 == 1).collect();
         let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), accumulate);
+        // The super-block formats with an interleaved layout: on the scalar path (its
+        // reference over packed rows) and every SIMD path.
+        let packed = pack::pack(ty, rows, cols, &w);
+        let packed_paths = if packed.is_some() { [vec![Isa::Scalar], paths()].concat() } else { vec![] };
         for isa in paths() {
             let got = run_grouped(isa, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), accumulate);
             let bad = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
             prop_assert!(bad.is_none(), "{isa} {ty} rows={rows} cols={cols} n_act={n_act}: first difference at {bad:?}: {:?} vs scalar {:?}",
                 bad.map(|i| got[i]), bad.map(|i| want[i]));
+        }
+        for isa in packed_paths {
+            let got = run_grouped(isa, DotOrder::Llama, ty, Layout::Packed, packed.as_deref().unwrap(), (rows, cols), (&act, stride, n_act, &grouped), accumulate);
+            let bad = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+            prop_assert!(bad.is_none(), "{isa} {ty} packed rows={rows} cols={cols} n_act={n_act}: first difference at {bad:?}: {:?} vs scalar {:?}",
+                bad.map(|i| got[i]), bad.map(|i| want[i]));
+        }
+    }
+}
+
+/// The super-block formats' largest sums, packed and row-major: every quant at its
+/// largest magnitude (and every scale and min at its largest) against activations all at
+/// one extreme, over tiles of every width. A tile that adds too many 16-bit partial sums
+/// before its scales (`Q4_K`: eight, `Q5_K`: four) overflows here first.
+#[test]
+fn extreme_super_blocks_equal_scalar() {
+    use GgmlType::*;
+    // Each type's bytes past `d` (and `dmin`) as one fill: nibbles 15 and fifth bits set,
+    // scales and mins 63 (0xff in the packed scale bytes); Q6_K's quants 63 (0xff) and −32
+    // (0x00) with its scales at 127 (0x7f); IQ4_XS's index 0 (−127) under scales of 31.
+    let extremes = [(Q4_K, 4, 0xff), (Q5_K, 4, 0xff), (Q6_K, 0, 0xff), (Q6_K, 0, 0x00), (IQ4_XS, 2, 0x00), (IQ4_XS, 2, 0xff)];
+    let (rows, cols) = (13, 3 * 256);
+    for (ty, header, fill) in extremes {
+        let mut w = random_row_major(ty, rows, cols, 9);
+        for block in w.chunks_exact_mut(ty.type_size()) {
+            let d = if ty == Q6_K { block[208..].to_vec() } else { block[..header].to_vec() };
+            block.fill(fill);
+            if ty == Q6_K {
+                block[192..208].fill(0x7f);
+                block[208..].copy_from_slice(&d);
+            } else {
+                block[..header].copy_from_slice(&d);
+            }
+        }
+        let packed = pack::pack(ty, rows, cols, &w).unwrap();
+        let act_ty = ty.activation_type();
+        let stride = act_ty.row_bytes(cols as u64).unwrap() as usize;
+        for x in [3.5f32, -3.5] {
+            for n_act in [1, 2, 3, 4, 5, 9] {
+                let mut act = vec![0u8; n_act * stride];
+                for r in 0..n_act {
+                    // One value a little larger than the rest: it alone becomes −128.
+                    let v: Vec<f32> = (0..cols).map(|e| if e % 97 == 0 { x * 1.01 } else { x }).collect();
+                    quantize_row(act_ty, &v, &mut act[r * stride..(r + 1) * stride]);
+                }
+                let grouped: Vec<bool> = (0..n_act).map(|r| r % 2 == 0).collect();
+                let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), false);
+                for isa in paths() {
+                    for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {
+                        let got = run_grouped(isa, DotOrder::Llama, ty, layout, m, (rows, cols), (&act, stride, n_act, &grouped), false);
+                        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{isa} {ty} fill {fill:#x} {layout:?}, {n_act} rows of {x}: {got:?} vs scalar {want:?}");
+                    }
+                }
+            }
         }
     }
 }

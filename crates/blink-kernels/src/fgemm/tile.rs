@@ -50,13 +50,16 @@ fn dequantize_segment(w: &MatRef, row: usize, blocks: Range<usize>, out: &mut [f
             quant::dequantize_row(w.ty, &w.bytes[at + blocks.start * ts..at + blocks.end * ts], out);
         }
         Layout::Packed => {
-            let f = Fields::of(w.ty).expect("a packed matrix has a packable type");
             let (g, r) = (row / pack::GROUP, row % pack::GROUP);
-            let mut block = [0u8; 64];
+            let gb = pack::group_block(w.ty).expect("a packed matrix has a packable type");
+            let mut block = [0u8; 256];
             for (i, b) in blocks.enumerate() {
-                let at = (g * n_blocks + b) * f.group_block();
-                unpack_row(&f, &w.bytes[at..at + f.group_block()], r, &mut block);
-                quant::dequantize_row(w.ty, &block[..f.block], &mut out[i * bs..(i + 1) * bs]);
+                let src = &w.bytes[(g * n_blocks + b) * gb..][..gb];
+                match Fields::of(w.ty) {
+                    Some(f) => unpack_row(&f, src, r, &mut block),
+                    None => pack::unpack_block_of(w.ty, src, r, &mut block),
+                }
+                quant::dequantize_row(w.ty, &block[..ts], &mut out[i * bs..(i + 1) * bs]);
             }
         }
     }

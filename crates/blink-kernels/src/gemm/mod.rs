@@ -11,10 +11,11 @@
 //! backward products) take these values too.
 //!
 //! Weights come either row-major, as in the file, or repacked by [`prepare`] into the
-//! interleaved layout of [`pack`] that the SIMD kernels of the 32-element formats read
-//! (on x86 they take row-major matrices too, packing a group of rows at a time on the
-//! fly: a window left in the file's map). The k-quants and float types stay row-major;
-//! their SIMD kernels read that directly.
+//! interleaved layouts of [`pack`] that the SIMD kernels read: the 32-element formats on
+//! every SIMD path (on x86 they take row-major matrices too, packing a group of rows at a
+//! time on the fly: a window left in the file's map), and on x86 the k-quants `Q4_K`,
+//! `Q5_K`, `Q6_K` and `IQ4_XS` too (whose row-major kernels stay for mapped windows). The
+//! other types stay row-major; their SIMD kernels read that directly.
 
 #[cfg(target_arch = "aarch64")]
 mod neon_fam32;
@@ -27,6 +28,8 @@ mod x86_fam32;
 #[cfg(target_arch = "x86_64")]
 mod x86_float;
 #[cfg(target_arch = "x86_64")]
+mod x86_kpacked;
+#[cfg(target_arch = "x86_64")]
 mod x86_kquant;
 
 use std::ops::Range;
@@ -36,7 +39,7 @@ use blink_gguf::GgmlType;
 use crate::cpu::Isa;
 use crate::order::DotOrder;
 use crate::quant::{self, DotAcc, WeightType};
-use pack::{Fields, GROUP};
+use pack::{Fields, SuperFields, GROUP};
 
 /// How a weight matrix is laid out in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,13 +123,21 @@ pub(crate) unsafe fn store_live(o: *mut f32, vals: &[f32], live: usize, accumula
     }
 }
 
+/// Whether `isa`'s kernels read `ty` from the interleaved layout of [`pack`]: the
+/// 32-element formats on every SIMD path, the super-block formats of [`SuperFields`] on
+/// x86.
+pub fn packs(isa: Isa, ty: GgmlType) -> bool {
+    match isa {
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => Fields::of(ty).is_some() || SuperFields::of(ty).is_some(),
+        Isa::Neon | Isa::NeonI8mm => Fields::of(ty).is_some(),
+        Isa::Scalar => false,
+    }
+}
+
 /// The layout `isa`'s kernels want for `ty`, and the repacked bytes if that is not the
 /// file's row-major layout.
 pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8>> {
-    match isa {
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon | Isa::NeonI8mm => pack::pack(ty, rows, cols, src),
-        Isa::Scalar => None,
-    }
+    packs(isa, ty).then(|| pack::pack(ty, rows, cols, src)).flatten()
 }
 
 /// Whether `isa`'s kernels run `ty` from the file's row-major layout without a repacked
@@ -135,25 +146,19 @@ pub fn prepare(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> 
 pub fn reads_row_major(isa: Isa, ty: GgmlType) -> bool {
     match isa {
         Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Scalar => true,
-        Isa::Neon | Isa::NeonI8mm => Fields::of(ty).is_none(),
+        Isa::Neon | Isa::NeonI8mm => !packs(isa, ty),
     }
 }
 
 /// Bytes of the layout `isa`'s kernels want for `ty`, when that is not row-major.
 pub fn prepared_len(isa: Isa, ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
-    match isa {
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon | Isa::NeonI8mm => pack::packed_len(ty, rows, cols),
-        Isa::Scalar => None,
-    }
+    packs(isa, ty).then(|| pack::packed_len(ty, rows, cols)).flatten()
 }
 
 /// [`prepare`] into `out` ([`prepared_len`] bytes), for a layout that is refilled in
 /// place (a streamed window of a ring); `false` when `ty` stays row-major.
 pub fn prepare_into(isa: Isa, ty: GgmlType, rows: usize, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
-    match isa {
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Neon | Isa::NeonI8mm => pack::pack_into(ty, rows, cols, src, out),
-        Isa::Scalar => false,
-    }
+    packs(isa, ty) && pack::pack_into(ty, rows, cols, src, out)
 }
 
 /// Rows a thread's share of a matrix must be aligned to (packed groups never split).
@@ -186,6 +191,15 @@ pub unsafe fn product(isa: Isa, order: DotOrder, w: &MatRef, act: &ActRows, rows
             Isa::AvxVnni => x86_fam32::gemm_avx_vnni(order, ty, layout, cols, bytes, &mut rows, a, stride, count, out),
             _ => false,
         };
+        // SAFETY: as for the row-major kernels below.
+        let done = done
+            || layout == Layout::Packed
+                && match isa {
+                    Isa::Avx512Vnni => x86_kpacked::gemm_vnni(ty, cols, bytes, &mut rows, a, stride, count, act.grouped, out),
+                    Isa::Avx2 => x86_kpacked::gemm_avx2(ty, cols, bytes, &mut rows, a, stride, count, act.grouped, out),
+                    Isa::AvxVnni => x86_kpacked::gemm_avx_vnni(ty, cols, bytes, &mut rows, a, stride, count, act.grouped, out),
+                    _ => false,
+                };
         if done {
             return;
         }
@@ -267,10 +281,18 @@ unsafe fn scalar(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, o
 }
 
 /// The reference over packed weights: each block is put back together, then accumulated
-/// exactly as `vec_dot_in` does.
+/// exactly as `vec_dot_in` does (a super-block format's whole row, then its `vec_dot`).
 unsafe fn scalar_packed(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, out: Out) {
     let MatRef { ty, cols, bytes: w, .. } = *m;
     let ActRows { ty: act_ty, bytes: act, stride: act_stride, count: n_act, .. } = *a;
+    if SuperFields::of(ty).is_some() {
+        let mut row = vec![0u8; ty.row_bytes(cols as u64).expect("whole blocks") as usize];
+        for i in rows {
+            pack::unpack_row(ty, cols, w, i, &mut row);
+            scalar(order, &MatRef { layout: Layout::RowMajor, rows: 1, bytes: &row, ..*m }, a, 0..1, Out { ptr: out.ptr.add(i), ..out });
+        }
+        return;
+    }
     let f = Fields::of(ty).expect("packed layout of a packable type");
     let n_blocks = cols / 32;
     let group_block = f.group_block();
@@ -349,6 +371,19 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
                 _ => "block order",
             };
             format!("{layout}, {ints}, {order}{batches}")
+        }
+        _ if packs(isa, ty) => {
+            let ints = match isa {
+                Isa::Avx512Vnni => "vpmaddubsw + vpdpwssd",
+                Isa::AvxVnni => "vpmaddubsw + vpdpwssd (AVX-VNNI)",
+                _ => "vpmaddubsw + vpmaddwd",
+            };
+            let sums = match ty {
+                Q4_K => "a group's 16-bit sums scaled once, two FMA chains (llama.cpp's repacked order)",
+                Q5_K => "16-bit sums of four lanes scaled at once, block values summed",
+                _ => "eight float lanes",
+            };
+            format!("8-row groups (repacked; row-major super-blocks from a mapped window), {ints}, {sums}")
         }
         IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S => {
             let batch = if isa.is_arm() { "" } else { "; batches of 8+ rows decode each block once" };

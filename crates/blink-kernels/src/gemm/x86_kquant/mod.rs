@@ -45,16 +45,16 @@ const ACT_QS: usize = 4;
 const ACT_BSUMS: usize = 260;
 
 /// `acc + Σ p·s` over pairs of `i16` lanes, into `i32` lanes (exact for our magnitudes).
-trait Mac {
+pub(super) trait Mac {
     unsafe fn mac(acc: __m256i, p: __m256i, s: __m256i) -> __m256i;
 }
 
 /// `vpmaddwd` + `vpaddd`.
-struct Avx2;
+pub(super) struct Avx2;
 /// VNNI `vpdpwssd`.
-struct Vnni;
+pub(super) struct Vnni;
 /// AVX-VNNI's `vpdpwssd` (VEX-encoded).
-struct AvxVnni;
+pub(super) struct AvxVnni;
 
 impl Mac for Avx2 {
     #[inline(always)]
@@ -383,6 +383,40 @@ impl KQuant for IQ4XS {
     }
 }
 
+/// The weight bytes the next tile reads, fetched a share at each block of this one, so
+/// that they arrive while this tile computes (the hardware prefetchers do not follow a
+/// tile's rows read a block at a time).
+#[derive(Clone, Copy)]
+pub(super) struct Ahead {
+    at: *const u8,
+    lines_per_block: usize,
+    lines: usize,
+    l2: bool,
+}
+
+impl Ahead {
+    pub(super) const NONE: Ahead = Ahead { at: std::ptr::null(), lines_per_block: 0, lines: 0, l2: false };
+
+    /// The `bytes` at `at`, spread over `nb` blocks.
+    pub(super) fn new(at: *const u8, bytes: usize, nb: usize) -> Ahead {
+        let lines = bytes.div_ceil(64);
+        Ahead { at, lines_per_block: lines.div_ceil(nb), lines, l2: bytes > tiling::l1_bytes() / 4 }
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn fetch(self, b: usize) {
+        let first = b * self.lines_per_block;
+        for line in first..(first + self.lines_per_block).min(self.lines) {
+            let p = self.at.wrapping_add(64 * line) as *const i8;
+            if self.l2 {
+                _mm_prefetch::<_MM_HINT_T1>(p);
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(p);
+            }
+        }
+    }
+}
+
 /// Lane `o` of the result is the sum of the eight lanes of `v[o]`.
 #[inline(always)]
 unsafe fn sum_lanes(v: [__m256i; 8]) -> __m256i {
@@ -418,7 +452,7 @@ unsafe fn f32_gather(p: [*const u8; 8]) -> __m256 {
 /// output `i` is row `i`). Lane `k` of the vectors below is output `k`; lanes past the
 /// tile compute copies of its last output.
 #[inline(always)]
-unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w: [*const u8; NR], a: [*const u8; NA], grouped: u8) -> [f32; 8] {
+unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w: [*const u8; NR], a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [f32; 8] {
     const { assert!((NR == 1 || NA == 1) && NR * NA <= 8) };
     let (mut sum, mut sum_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     // The lanes computed as in a group of four rows (chained formats only).
@@ -429,6 +463,7 @@ unsafe fn tile<K: KQuant, M: Mac, const NR: usize, const NA: usize>(nb: usize, w
     // Intrinsics stay out of closures: a closure would not inherit the target features,
     // so they would become calls.
     for b in 0..nb {
+        ahead.fetch(b);
         let (mut iv, mut sv) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
         let mut pv = [[_mm256_setzero_si256(); 8]; 4];
         let (d, dmin, da);
@@ -574,10 +609,11 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
                 if left >= 4 {
                     let na = if left >= NA { NA } else { 4 };
                     for i in c0..c1 {
+                        let ahead = if i + 1 < rows.end { Ahead::new(row(i + 1), rb, nb) } else { Ahead::NONE };
                         let res = if na == NA {
-                            tile::<K, M, 1, NA>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na))
+                            tile::<K, M, 1, NA>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na), ahead)
                         } else {
-                            tile::<K, M, 1, 4>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na))
+                            tile::<K, M, 1, 4>(nb, [row(i)], from_fn(|j| arow(j0 + j)), mask(j0, na), ahead)
                         };
                         res.iter().take(na).enumerate().for_each(|(j, &v)| put(i, j0 + j, v));
                     }
@@ -585,7 +621,9 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
                 } else {
                     for i0 in (c0..c1).step_by(NR) {
                         // Rows past the end repeat the last one; their results are dropped.
-                        let res = tile::<K, M, NR, 1>(nb, from_fn(|i| row(i0 + i)), [arow(j0)], mask(j0, 1));
+                        let next = (i0 + NR).min(rows.end);
+                        let ahead = Ahead::new(row(next), (rows.end - next).min(NR) * rb, nb);
+                        let res = tile::<K, M, NR, 1>(nb, from_fn(|i| row(i0 + i)), [arow(j0)], mask(j0, 1), ahead);
                         res.iter().take(c1 - i0).enumerate().for_each(|(i, &v)| put(i0 + i, j0, v));
                     }
                     j0 += 1;

@@ -1,4 +1,4 @@
-//! Interleaved weight layout for the SIMD kernels of the 32-element formats.
+//! The interleaved layout of the 32-element formats.
 //!
 //! Rows are grouped by eight (the last group padded with zero rows). A block's 32 quants
 //! form eight "lanes" of four consecutive elements, the unit of an exact `dpbusd` sum. For
@@ -20,8 +20,7 @@ use std::ops::Range;
 
 use blink_gguf::GgmlType;
 
-/// Rows per interleaved group.
-pub const GROUP: usize = 8;
+use super::GROUP;
 
 /// Where each field sits in one original block, and its size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,11 +86,6 @@ impl Fields {
             blk[self.qs + e - 16] >> 4
         }
     }
-}
-
-/// Rows rounded up to whole groups.
-pub fn padded_rows(rows: usize) -> usize {
-    rows.div_ceil(GROUP) * GROUP
 }
 
 /// Or the original blocks of rows `0..8` (`None`: a zero padding row) of a format with
@@ -160,34 +154,6 @@ pub fn unpack_block(f: &Fields, src: &[u8], r: usize, blk: &mut [u8]) {
     }
 }
 
-/// Repack a row-major matrix of `rows` × `cols` elements of `ty` into the interleaved
-/// layout, or `None` if `ty` has no interleaved kernel.
-pub fn pack(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Option<Vec<u8>> {
-    let mut out = vec![0u8; packed_len(ty, rows, cols)?];
-    pack_into(ty, rows, cols, src, &mut out);
-    Some(out)
-}
-
-/// Bytes of `rows` rows of `cols` elements of `ty` packed, or `None` for a type that is
-/// not packed.
-pub fn packed_len(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
-    let f = Fields::of(ty)?;
-    Some(padded_rows(rows) / GROUP * (cols / 32) * f.group_block())
-}
-
-/// [`pack`] into `out`, which must hold [`packed_len`] bytes; `false` for a type that is
-/// not packed.
-pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, src: &[u8], out: &mut [u8]) -> bool {
-    let Some(f) = Fields::of(ty) else { return false };
-    assert!(cols.is_multiple_of(32) && src.len() >= rows * (cols / 32) * f.block, "pack: source shorter than its rows");
-    assert_eq!(Some(out.len()), packed_len(ty, rows, cols), "pack: destination of the wrong size");
-    let group_bytes = (cols / 32) * f.group_block();
-    for (g, dst) in out.chunks_exact_mut(group_bytes).enumerate() {
-        pack_group(&f, cols, src, g * GROUP..(g * GROUP + GROUP).min(rows), dst);
-    }
-    true
-}
-
 /// Pack rows `rows` (at most [`GROUP`]) of the row-major matrix `src`, `cols` elements a
 /// row, into one group `dst` (every block of the group; missing rows are zeros). The row
 /// kernels of the 32-element formats pack each group this way on the fly, into a buffer
@@ -244,6 +210,7 @@ unsafe fn pack_group_whole_lanes(f: &Fields, n_blocks: usize, src: *const u8, ro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm::pack::pack;
 
     #[test]
     fn unpacking_restores_every_block() {
@@ -268,6 +235,6 @@ mod tests {
                 }
             }
         }
-        assert!(pack(GgmlType::Q4_K, 8, 256, &[0; 8 * 144]).is_none());
+        assert!(pack(GgmlType::Q8_1, 8, 256, &[0; 8 * 8 * 36]).is_none());
     }
 }
