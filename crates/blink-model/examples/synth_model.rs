@@ -527,6 +527,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     // Written beside the target and renamed, so a file at OUT is always whole.
     let partial = out.with_extension("gguf.partial");
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
     let start = Instant::now();
     let mut next = 0;
     w.write_with(&partial, |name, sink| {
