@@ -2,9 +2,13 @@
 """Reference outputs of llama.cpp for a model other than the default, in the golden format
 of testdata/golden/README.md: tokenize, greedy (with top-2 margins and the exact text owed)
 and perplexity cases. Needs the build of README.md (llama-tokenize, llama-topk,
-llama-perplexity in /opt/llama.cpp/build/bin).
+llama-perplexity in /opt/llama.cpp/build/bin, or the build in $LLAMA_BIN).
 
-usage: make_golden.py MODEL.gguf OUT.json [--ppl-text FILE] [--ctx 512]
+usage: make_golden.py MODEL.gguf OUT.json [--ppl-text FILE] [--ctx 512] [--cases-from GOLDEN.json]
+
+--cases-from takes the tokenize texts, greedy prompts and chat cases (their rendered
+prompts) of an existing golden file instead of the lists below, so a file made elsewhere
+(the shared set's default model) can be made again by another build of llama.cpp.
 """
 import argparse
 import hashlib
@@ -55,11 +59,11 @@ def end_ids(model):
     return ids
 
 
-def greedy(model, prompt):
+def greedy(model, prompt, n_predict=N_PREDICT):
     with tempfile.NamedTemporaryFile("w", delete=False) as f:
         f.write(prompt)
     try:
-        lines = run([f"{BIN}/llama-topk", model, f.name, str(N_PREDICT), "2"]).splitlines()
+        lines = run([f"{BIN}/llama-topk", model, f.name, str(n_predict), "2"]).splitlines()
     finally:
         os.unlink(f.name)
     steps = [json.loads(l) for l in lines if l.startswith("{")]
@@ -84,6 +88,18 @@ def perplexity(model, text_file, ctx):
     return {"ctx": ctx, "ppl": float(m.group(1)), "ppl_stderr": float(m.group(2)), "chunks": int(chunks.group(1))}
 
 
+def chat(model, case):
+    """A chat case of the shared format, greedy on its rendered prompt (an end token is
+    counted in `completion_tokens`, as llama-server counts it, its text left out)."""
+    ids, margins, owed, pieces = greedy(model, case["rendered_prompt"], case["max_tokens"])
+    stopped = ids[-1] in end_ids(model)
+    return {**{k: case[k] for k in ("messages", "max_tokens", "temperature", "rendered_prompt")},
+            "prompt_tokens": len(tokenize(model, case["rendered_prompt"])),
+            "completion_tokens": len(ids), "text": text_of(pieces),
+            "finish_reason": "stop" if stopped else "length", "exact_tokens_owed": owed,
+            "exact_text_owed": text_of(pieces[:owed]), "top2_logprob_margin": margins}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -92,14 +108,22 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--long-prompt-chars", type=int, default=0,
                     help="also a greedy case whose prompt is the first N characters of the perplexity text")
+    ap.add_argument("--cases-from", help="an existing golden file whose cases to run again")
+    ap.add_argument("--reference", default="llama.cpp 0c1e57098 (vendored in llama-cpp-python 0.3.36), CPU build, 2 threads",
+                    help="the file's reference line (name the build)")
     a = ap.parse_args()
-    prompts = list(GREEDY)
-    if a.long_prompt_chars and a.ppl_text:
+    texts, prompts, chats = list(TOKENIZE), list(GREEDY), []
+    if a.cases_from:
+        old = json.load(open(a.cases_from, encoding="utf-8"))
+        texts = [c["text"] for c in old["tokenize"]]
+        prompts = [c["prompt"] for c in old["greedy"]]
+        chats = old.get("chat", [])
+    elif a.long_prompt_chars and a.ppl_text:
         prompts.append(open(a.ppl_text, encoding="utf-8").read()[:a.long_prompt_chars])
     sha = hashlib.sha256(open(a.model, "rb").read()).hexdigest()
-    doc = {"reference": "llama.cpp 0c1e57098 (vendored in llama-cpp-python 0.3.36), CPU build, 2 threads",
+    doc = {"reference": a.reference,
            "model_sha256": sha, "tokenize": [], "greedy": [], "perplexity": []}
-    for text in TOKENIZE:
+    for text in texts:
         doc["tokenize"].append({"text": text, "ids": tokenize(a.model, text) if text else []})
     for prompt in prompts:
         ids, margins, owed, pieces = greedy(a.model, prompt)
@@ -109,6 +133,8 @@ def main():
     if a.ppl_text:
         case = perplexity(a.model, a.ppl_text, a.ctx)
         doc["perplexity"].append({"name": os.path.basename(a.ppl_text), **case})
+    if chats:
+        doc["chat"] = [chat(a.model, c) for c in chats]
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1, ensure_ascii=False)
         f.write("\n")
