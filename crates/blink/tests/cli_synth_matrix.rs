@@ -215,7 +215,7 @@ fn same_seed_same_bytes() {
     let dir = Scratch::new("synth-seed");
     let make = |name: &str, extra: &[&str]| {
         let path = dir.0.join(name);
-        let mut a = args(&["--shape", "gemma3-1b", "--preset", "Q4_K_M", "--layers", "1", "--vocab", "300", "-o", path.to_str().unwrap()]);
+        let mut a = args(&["--shape", "gemma3-1b", "--preset", "Q4_0", "--layers", "1", "--vocab", "300", "-o", path.to_str().unwrap()]);
         a.extend(args(extra));
         synth_model::run(&a).unwrap();
         std::fs::read(path).unwrap()
