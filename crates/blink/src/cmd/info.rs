@@ -40,7 +40,23 @@ fn file_type_name(ft: u32) -> &'static str {
         16 => "Q5_K_S",
         17 => "Q5_K_M",
         18 => "Q6_K",
+        19 => "IQ2_XXS",
+        20 => "IQ2_XS",
+        21 => "Q2_K_S",
+        22 => "IQ3_XS",
+        23 => "IQ3_XXS",
+        24 => "IQ1_S",
+        25 => "IQ4_NL",
+        26 => "IQ3_S",
+        27 => "IQ3_M",
+        28 => "IQ2_S",
+        29 => "IQ2_M",
+        30 => "IQ4_XS",
+        31 => "IQ1_M",
         32 => "BF16",
+        36 => "TQ1_0",
+        37 => "TQ2_0",
+        38 => "MXFP4_MOE",
         _ => "unknown",
     }
 }
@@ -160,7 +176,7 @@ pub fn main(args: Args) -> CliResult {
     }
     let (isa, order) = (blink_kernels::cpu::active(), blink_kernels::order::active());
     outln!("kernel path:     {isa} (best on this CPU: {})", blink_kernels::cpu::Isa::best())?;
-    outln!("dot order:       {order}")?;
+    outln!("dot order:       {}", order_line(isa, order))?;
     for (i, (ty, route)) in routes(file).iter().enumerate() {
         let head = if i == 0 { "routes:" } else { "" };
         outln!("{head:<17}{ty}: {route}")?;
@@ -181,6 +197,26 @@ pub fn main(args: Args) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// The dot order, and for the llama order which llama.cpp build it reproduces and why.
+pub(crate) fn order_line(isa: blink_kernels::cpu::Isa, order: blink_kernels::order::DotOrder) -> String {
+    use blink_kernels::flavour;
+    use blink_kernels::order::DotOrder;
+    match order {
+        DotOrder::Block => "block".to_string(),
+        DotOrder::Llama => {
+            let f = flavour::active();
+            let why = if flavour::asked_for() {
+                format!("--llama-flavour {f}")
+            } else if isa == blink_kernels::cpu::Isa::Scalar {
+                format!("the flavour of this CPU's best path, {}", blink_kernels::cpu::Isa::best())
+            } else {
+                format!("the flavour of the {isa} path")
+            };
+            format!("llama, as {} computes ({why})", f.build())
+        }
+    }
 }
 
 /// A line per `--lora` adapter as placed on `m`, or the first one's error: read before any
