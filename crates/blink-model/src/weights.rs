@@ -349,6 +349,26 @@ impl<'a> Loader<'a> {
         self.arena.place(bytes).map(Blob::piece).map_err(|e| ModelError::Placement(e.to_string()))
     }
 
+    /// `n` rows of `cols` of `ty` (the file's bytes `src`) repacked straight into a piece of
+    /// `len` bytes of the arena. The file's pages of them are given back to the kernel
+    /// (they are not read again, and refault from the file if they are): the repacked copy
+    /// never sits beside a resident copy of the same bytes, so a model's resident memory
+    /// is about its file's size, as llama.cpp's. The page cache keeps them.
+    fn repack(&self, ty: GgmlType, n: usize, cols: usize, src: &[u8], len: usize) -> Result<Blob, ModelError> {
+        let blob = Blob::piece(self.arena.reserve(len).map_err(|e| ModelError::Placement(e.to_string()))?);
+        // SAFETY: a fresh piece of an arena chunk, reserved for this matrix and read by
+        // nothing yet.
+        let out = unsafe { std::slice::from_raw_parts_mut(blob.ptr as *mut u8, blob.len) };
+        let filled = gemm::prepare_into(self.isa, ty, n, cols, src, out);
+        debug_assert!(filled, "prepared_len said {ty} is packed");
+        if self.file.is_mapped() {
+            // SAFETY: `src` lies in the file's read-only map; its pages refault from the
+            // file whenever something reads them (a tied embedding's lookups).
+            let _ = unsafe { blink_runtime::residency::release(src, None) };
+        }
+        Ok(blob)
+    }
+
     /// Rows `range` of a matrix with `rows` rows of `cols` inputs, in the layout the kernels
     /// want when `for_products`, else row-major (embedding lookups).
     fn rows(&self, name: &str, cols: usize, rows: usize, range: Range<usize>, for_products: bool) -> Result<Matrix, ModelError> {
@@ -379,9 +399,9 @@ impl<'a> Loader<'a> {
                 return Ok(Matrix { name: name.to_string(), ty: info.ty, rows: n, cols, layout: Layout::Packed, file_rows: range, data: Blob::piece(piece), refillable: true });
             }
         }
-        let packed = if for_products && matrices == Matrices::Repacked { gemm::prepare(self.isa, info.ty, n, cols, slice) } else { None };
-        let (layout, blob) = match (packed, self.home) {
-            (Some(p), _) => (Layout::Packed, self.place(&p)?),
+        let packed_len = if for_products && matrices == Matrices::Repacked { gemm::prepared_len(self.isa, info.ty, n, cols) } else { None };
+        let (layout, blob) = match (packed_len, self.home) {
+            (Some(len), _) => (Layout::Packed, self.repack(info.ty, n, cols, slice, len)?),
             (None, Home::Shared) if n == rows => (Layout::RowMajor, Blob::mapped(slice, self.file)),
             (None, _) => (Layout::RowMajor, self.place(slice)?),
         };

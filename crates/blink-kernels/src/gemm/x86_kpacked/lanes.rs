@@ -45,7 +45,11 @@ impl Lanes for Q6K {
 
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> [__m256i; 16] {
-        from_fn(|s| rows_twice::<true>(load128(w.add(1536 + 16 * (s / 2))), s % 2))
+        let mut s = [_mm256_setzero_si256(); 16];
+        for (i, s) in s.iter_mut().enumerate() {
+            *s = rows_twice::<true>(load128(w.add(1536 + 16 * (i / 2))), i % 2);
+        }
+        s
     }
 
     #[inline(always)]
@@ -160,9 +164,15 @@ unsafe fn tile_lanes<L: Lanes, M: Mac, const NA: usize>(nb: usize, w0: *const u8
         let scales = L::scales(w);
         let d = _mm256_cvtph_ps(load128(w.add(L::D)));
         // Scalar: d_a · d.
-        let dd: [__m256; NA] = from_fn(|j| _mm256_mul_ps(_mm256_set1_ps((ab[j] as *const f32).read_unaligned()), d));
+        let mut dd = [_mm256_setzero_ps(); NA];
+        for j in 0..NA {
+            dd[j] = _mm256_mul_ps(_mm256_set1_ps((ab[j] as *const f32).read_unaligned()), d);
+        }
         for (k, lane) in lanes.iter_mut().enumerate() {
-            let mut sum: [__m256i; NA] = from_fn(|j| L::lane_start(w, ab[j], k));
+            let mut sum = [_mm256_setzero_si256(); NA];
+            for j in 0..NA {
+                sum[j] = L::lane_start(w, ab[j], k);
+            }
             for p in 0..8 {
                 let q = L::quants(w, p, k);
                 let s = scales[L::scale_of(p, k)];
@@ -179,9 +189,12 @@ unsafe fn tile_lanes<L: Lanes, M: Mac, const NA: usize>(nb: usize, w0: *const u8
             }
         }
     }
-    // hsum8 per row: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-    from_fn(|j| {
-        let l = |k: usize| lanes[k][j];
-        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l(0), l(4)), _mm256_add_ps(l(2), l(6))), _mm256_add_ps(_mm256_add_ps(l(1), l(5)), _mm256_add_ps(l(3), l(7))))
-    })
+    // hsum8 per row: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). (Loops, not
+    // closures, around intrinsics: a closure would not inherit the target features.)
+    let mut out = [_mm256_setzero_ps(); NA];
+    for (j, o) in out.iter_mut().enumerate() {
+        let l = [lanes[0][j], lanes[1][j], lanes[2][j], lanes[3][j], lanes[4][j], lanes[5][j], lanes[6][j], lanes[7][j]];
+        *o = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])), _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
+    }
+    out
 }

@@ -79,7 +79,10 @@ unsafe fn tile_pairs<M: Mac, const FIFTH: bool, const NA: usize>(nb: usize, w0: 
         }
         let d = _mm256_cvtph_ps(load128(w));
         let dmin = _mm256_cvtph_ps(load128(w.add(16)));
-        let da: [__m256; NA] = from_fn(|j| _mm256_set1_ps((ab[j] as *const f32).read_unaligned()));
+        let mut da = [_mm256_setzero_ps(); NA];
+        for j in 0..NA {
+            da[j] = _mm256_set1_ps((ab[j] as *const f32).read_unaligned());
+        }
         let (mut isum, mut summ) = ([_mm256_setzero_si256(); NA], [_mm256_setzero_si256(); NA]);
         for c in 0..4 {
             let (s128, m128) = (half(sc[c / 2], c % 2), half(mn[c / 2], c % 2));
@@ -132,9 +135,11 @@ unsafe fn tile_pairs<M: Mac, const FIFTH: bool, const NA: usize>(nb: usize, w0: 
             }
         }
     }
-    if FIFTH {
-        acc
-    } else {
-        from_fn(|j| _mm256_sub_ps(acc[j], acc_min[j]))
+    if !FIFTH {
+        // (A loop, not a closure: a closure would not inherit the target features.)
+        for j in 0..NA {
+            acc[j] = _mm256_sub_ps(acc[j], acc_min[j]);
+        }
     }
+    acc
 }
