@@ -9,21 +9,27 @@
 //! bytes `4i..` of `qh`), the 16 signed scales at 1536 (scale `s` of the rows at
 //! `1536 + 8s`), `d` at 1664. `IQ4_XS`: `d` at 0, `scales_h`'s two bytes at 16 and 24,
 //! `scales_l`'s four at 32, the index nibbles at 64 (lane `i`: bytes `4i..` of `qs`).
+//! Both also have the int8 route's form, [`Bytes`].
 
 use std::arch::x86_64::*;
 use std::array::from_fn;
+use std::marker::PhantomData;
 
-use super::{half, load, load128, rows_paired, rows_twice, splat, SuperTile, ACT_BSUMS, ACT_BYTES, ACT_QS};
+use super::{half, load, load128, rows_paired, rows_twice, splat, Convert, SuperTile, ACT_BSUMS, ACT_BYTES, ACT_QS};
 use crate::gemm::x86_kquant::{Ahead, Mac};
 use crate::quant::KVALUES_IQ4NL;
 
 /// A format of eight lanes as the tile sees it.
-trait Lanes {
+pub(super) trait Lanes {
     const GROUP_BLOCK: usize;
     /// Offset of the eight rows' `d`.
     const D: usize;
     /// Quants are signed values, multiplied as `|v| · sign(a, v)` (llama.cpp's sign trick).
     const SIGNED: bool;
+    /// Scales per block (one per 16 or 32 elements).
+    const SCALES: usize;
+    /// Quants are unpacked as `q + 32`, taken back lane by lane (see [`lane_start`]).
+    const OFFSET: bool;
 
     /// The block's scales as `madd` operands (scale `s` of row `r` in lane `r`).
     unsafe fn scales(w: *const u8) -> [__m256i; 16];
@@ -31,8 +37,22 @@ trait Lanes {
     fn scale_of(p: usize, k: usize) -> usize;
     /// Lane `k` of the 32 elements `32p..` of the eight rows, as multiplied.
     unsafe fn quants(w: *const u8, p: usize, k: usize) -> __m256i;
-    /// Lane `k`'s starting sum for the activation block at `a` (a correction).
-    unsafe fn lane_start(w: *const u8, a: *const u8, k: usize) -> __m256i;
+    /// With an offset: scales `2k` and `2k + 1` of the rows paired (lane `r`: row `r`'s
+    /// two), against the activation's sums of groups `2k` and `2k + 1`.
+    unsafe fn offset_scales(w: *const u8, k: usize) -> __m256i;
+}
+
+/// Lane `k`'s starting sum for the activation block at `a`, given `offset_scales(w, k)`:
+/// with an offset, `−32 · (bsums[2k]·sc[2k] + bsums[2k + 1]·sc[2k + 1])` (llama.cpp takes
+/// the offset back lane by lane with these groups' sums, not the lane's own elements'),
+/// else zero.
+#[inline(always)]
+unsafe fn lane_start<L: Lanes>(offset_scales: __m256i, a: *const u8, k: usize) -> __m256i {
+    if !L::OFFSET {
+        return _mm256_setzero_si256();
+    }
+    let off = _mm256_madd_epi16(offset_scales, splat(a.add(ACT_BSUMS + 4 * k)));
+    _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(off))
 }
 
 pub(super) struct Q6K;
@@ -42,6 +62,8 @@ impl Lanes for Q6K {
     const GROUP_BLOCK: usize = 8 * 210;
     const D: usize = 1664;
     const SIGNED: bool = false;
+    const SCALES: usize = 16;
+    const OFFSET: bool = true;
 
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> [__m256i; 16] {
@@ -76,13 +98,9 @@ impl Lanes for Q6K {
         _mm256_or_si256(low, _mm256_and_si256(moved, _mm256_set1_epi8(0x30)))
     }
 
-    /// `−32 · (bsums[2k]·sc[2k] + bsums[2k + 1]·sc[2k + 1])`: llama.cpp takes the offset
-    /// back lane by lane with these groups' sums.
     #[inline(always)]
-    unsafe fn lane_start(w: *const u8, a: *const u8, k: usize) -> __m256i {
-        let sc = rows_paired::<true>(load128(w.add(1536 + 16 * k)));
-        let off = _mm256_madd_epi16(sc, splat(a.add(ACT_BSUMS + 4 * k)));
-        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(off))
+    unsafe fn offset_scales(w: *const u8, k: usize) -> __m256i {
+        rows_paired::<true>(load128(w.add(1536 + 16 * k)))
     }
 }
 
@@ -90,6 +108,8 @@ impl Lanes for IQ4XS {
     const GROUP_BLOCK: usize = 8 * 136;
     const D: usize = 0;
     const SIGNED: bool = true;
+    const SCALES: usize = 8;
+    const OFFSET: bool = false;
 
     /// Group `g`'s scale: `scales_l`'s nibble `g % 2` of byte `g / 2`, with bits `2g..` of
     /// `scales_h` on top, less 32.
@@ -131,8 +151,76 @@ impl Lanes for IQ4XS {
     }
 
     #[inline(always)]
-    unsafe fn lane_start(_w: *const u8, _a: *const u8, _k: usize) -> __m256i {
+    unsafe fn offset_scales(_w: *const u8, _k: usize) -> __m256i {
         _mm256_setzero_si256()
+    }
+}
+
+/// A lanes format `L` as the int8 route converts a group into, once per product: per
+/// block, lane `k` of the 32 elements `32p..` as the bytes the tile multiplies (at
+/// `32(8p + k)`), the scales as `madd` operands at 2048 (`32s`), the offset's paired
+/// scales after them (`32k`), `d` last.
+pub(super) struct Bytes<L>(PhantomData<L>);
+
+impl<L: Lanes> Bytes<L> {
+    const SCALES_AT: usize = 2048;
+    const OFFSETS_AT: usize = Self::SCALES_AT + 32 * L::SCALES;
+    const D_AT: usize = Self::OFFSETS_AT + if L::OFFSET { 256 } else { 0 };
+}
+
+impl<L: Lanes> Lanes for Bytes<L> {
+    const GROUP_BLOCK: usize = Self::D_AT + 16;
+    const D: usize = Self::D_AT;
+    const SIGNED: bool = L::SIGNED;
+    const SCALES: usize = L::SCALES;
+    const OFFSET: bool = L::OFFSET;
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> [__m256i; 16] {
+        let mut s = [_mm256_setzero_si256(); 16];
+        for (i, s) in s.iter_mut().enumerate().take(L::SCALES) {
+            *s = load(w.add(Self::SCALES_AT + 32 * i));
+        }
+        s
+    }
+
+    #[inline(always)]
+    fn scale_of(p: usize, k: usize) -> usize {
+        L::scale_of(p, k)
+    }
+
+    #[inline(always)]
+    unsafe fn quants(w: *const u8, p: usize, k: usize) -> __m256i {
+        load(w.add(32 * (8 * p + k)))
+    }
+
+    #[inline(always)]
+    unsafe fn offset_scales(w: *const u8, k: usize) -> __m256i {
+        load(w.add(Self::OFFSETS_AT + 32 * k))
+    }
+}
+
+impl<L: Lanes> Convert for Bytes<L> {
+    const ROUTE: bool = true;
+    const FROM_GROUP_BLOCK: usize = L::GROUP_BLOCK;
+
+    #[inline(always)]
+    unsafe fn convert_block(src: *const u8, dst: *mut u8) {
+        for p in 0..8 {
+            for k in 0..8 {
+                _mm256_storeu_si256(dst.add(32 * (8 * p + k)) as *mut __m256i, L::quants(src, p, k));
+            }
+        }
+        let s = L::scales(src);
+        for (i, s) in s.iter().enumerate().take(L::SCALES) {
+            _mm256_storeu_si256(dst.add(Self::SCALES_AT + 32 * i) as *mut __m256i, *s);
+        }
+        if L::OFFSET {
+            for k in 0..8 {
+                _mm256_storeu_si256(dst.add(Self::OFFSETS_AT + 32 * k) as *mut __m256i, L::offset_scales(src, k));
+            }
+        }
+        _mm_storeu_si128(dst.add(Self::D_AT) as *mut __m128i, load128(src.add(L::D)));
     }
 }
 
@@ -151,6 +239,8 @@ macro_rules! lanes_tile {
 
 lanes_tile!(Q6K);
 lanes_tile!(IQ4XS);
+lanes_tile!(Bytes<Q6K>);
+lanes_tile!(Bytes<IQ4XS>);
 
 /// The tile: per block, lane `k` of every activation row over the block's eight 32-element
 /// pieces, then one FMA by `d·d_a` into float lane `k`.
@@ -169,9 +259,10 @@ unsafe fn tile_lanes<L: Lanes, M: Mac, const NA: usize>(nb: usize, w0: *const u8
             dd[j] = _mm256_mul_ps(_mm256_set1_ps((ab[j] as *const f32).read_unaligned()), d);
         }
         for (k, lane) in lanes.iter_mut().enumerate() {
+            let offsets = if L::OFFSET { L::offset_scales(w, k) } else { _mm256_setzero_si256() };
             let mut sum = [_mm256_setzero_si256(); NA];
             for j in 0..NA {
-                sum[j] = L::lane_start(w, ab[j], k);
+                sum[j] = lane_start::<L>(offsets, ab[j], k);
             }
             for p in 0..8 {
                 let q = L::quants(w, p, k);

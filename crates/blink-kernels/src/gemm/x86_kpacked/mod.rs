@@ -56,6 +56,22 @@ trait SuperTile {
     unsafe fn tile<M: Mac, const NA: usize>(nb: usize, w: *const u8, a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [__m256; NA];
 }
 
+/// A form the int8 route converts each weight group into once per product, for batches:
+/// the quants as the bytes the tile multiplies and the scales as its operands, so the
+/// tiles of every activation row load them instead of unpacking them again.
+trait Convert {
+    /// Whether batches take this route (else the tiles read the packed layout).
+    const ROUTE: bool;
+    /// Bytes of a group-block of the packed layout converted from.
+    const FROM_GROUP_BLOCK: usize;
+
+    /// One packed group-block at `src` converted into the form's group-block at `dst`.
+    unsafe fn convert_block(src: *const u8, dst: *mut u8);
+}
+
+/// Activation rows from which a product takes the int8 route.
+const ROUTE_MIN_ROWS: usize = 4;
+
 /// The `i32` at `p` in every lane.
 #[inline(always)]
 unsafe fn splat(p: *const u8) -> __m256i {
@@ -128,7 +144,7 @@ unsafe fn store(o: *mut f32, v: __m256, live: usize, accumulate: bool) {
 /// `out[r][i] (+)= w_i · a_r` for `i` in each range of `rows` (each starting on a group),
 /// `r` in `0..n_act`: every group of a claimed range against every activation tile.
 #[inline(always)]
-unsafe fn gemm<K: SuperTile, M: Mac>(cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) {
+unsafe fn gemm<K: SuperTile, C: SuperTile + Convert, M: Mac>(cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) {
     assert!(cols.is_multiple_of(256), "super-block rows are whole blocks");
     let nb = cols / 256;
     let group_bytes = nb * K::GROUP_BLOCK;
@@ -140,6 +156,11 @@ unsafe fn gemm<K: SuperTile, M: Mac>(cols: usize, w: &[u8], rows: &mut dyn Itera
     // the weights go in blocks that stay in L3 between them (`tiling`).
     let panel = tiling::panel_for(n_act, nb * ACT_BYTES, tiling::l2_bytes());
     let block = tiling::weight_block_rows(n_act, panel, group_bytes / GROUP, GROUP, tiling::l3_bytes());
+    let route = C::ROUTE && n_act >= ROUTE_MIN_ROWS;
+    let mut converted = if route { CONVERTED.take() } else { Vec::new() };
+    if route {
+        converted.resize(nb * C::GROUP_BLOCK, 0);
+    }
     for rows in rows.flat_map(|claimed| tiling::blocks(claimed, block)) {
         assert!(rows.start.is_multiple_of(GROUP), "row ranges of packed matrices start on a group");
         assert!(w.len() >= rows.end.div_ceil(GROUP) * group_bytes, "packed weights shorter than their rows");
@@ -153,17 +174,18 @@ unsafe fn gemm<K: SuperTile, M: Mac>(cols: usize, w: &[u8], rows: &mut dyn Itera
                 // next, or the next claim's).
                 let next = (at + group_bytes).min(w.len())..(at + 2 * group_bytes).min(w.len());
                 let mut ahead = Ahead::new(w.as_ptr().add(next.start), next.len(), nb);
+                if route {
+                    // The next group is fetched while this one converts.
+                    for b in 0..nb {
+                        ahead.fetch(b);
+                        C::convert_block(gw.add(b * C::FROM_GROUP_BLOCK), converted.as_mut_ptr().add(b * C::GROUP_BLOCK));
+                    }
+                    ahead = Ahead::NONE;
+                }
                 let mut j0 = p0;
                 while j0 < p1 {
                     let na = (p1 - j0).min(TILE_ROWS);
-                    let m = mask(j0, na);
-                    let mut res = [_mm256_setzero_ps(); TILE_ROWS];
-                    match na {
-                        1 => res[..1].copy_from_slice(&K::tile::<M, 1>(nb, gw, [arow(j0)], m, ahead)),
-                        2 => res[..2].copy_from_slice(&K::tile::<M, 2>(nb, gw, from_fn(|j| arow(j0 + j)), m, ahead)),
-                        3 => res[..3].copy_from_slice(&K::tile::<M, 3>(nb, gw, from_fn(|j| arow(j0 + j)), m, ahead)),
-                        _ => res = K::tile::<M, TILE_ROWS>(nb, gw, from_fn(|j| arow(j0 + j)), m, ahead),
-                    }
+                    let res = if route { tiles::<C, M>(nb, converted.as_ptr(), na, j0, &arow, mask(j0, na), ahead) } else { tiles::<K, M>(nb, gw, na, j0, &arow, mask(j0, na), ahead) };
                     for (j, &v) in res.iter().take(na).enumerate() {
                         store(out.ptr.add((j0 + j) * out.ld + g), v, live, out.accumulate);
                     }
@@ -173,6 +195,29 @@ unsafe fn gemm<K: SuperTile, M: Mac>(cols: usize, w: &[u8], rows: &mut dyn Itera
             }
         }
     }
+    if route {
+        CONVERTED.set(converted);
+    }
+}
+
+/// One tile of `na` (1 to [`TILE_ROWS`]) activation rows from `j0` against the group at
+/// `w`.
+#[inline(always)]
+unsafe fn tiles<K: SuperTile, M: Mac>(nb: usize, w: *const u8, na: usize, j0: usize, arow: &impl Fn(usize) -> *const u8, grouped: u8, ahead: Ahead) -> [__m256; TILE_ROWS] {
+    let mut res = [_mm256_setzero_ps(); TILE_ROWS];
+    match na {
+        1 => res[..1].copy_from_slice(&K::tile::<M, 1>(nb, w, [arow(j0)], grouped, ahead)),
+        2 => res[..2].copy_from_slice(&K::tile::<M, 2>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead)),
+        3 => res[..3].copy_from_slice(&K::tile::<M, 3>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead)),
+        _ => res = K::tile::<M, TILE_ROWS>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead),
+    }
+    res
+}
+
+thread_local! {
+    /// One weight group in the int8 route's form ([`Convert`]); reused, so steady state
+    /// does not allocate.
+    static CONVERTED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 macro_rules! dispatch {
@@ -181,10 +226,10 @@ macro_rules! dispatch {
         #[target_feature(enable = $features)]
         pub(super) unsafe fn $name(ty: GgmlType, cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) -> bool {
             match ty {
-                GgmlType::Q4_K => gemm::<pairs::Q4K, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
-                GgmlType::Q5_K => gemm::<pairs::Q5K, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
-                GgmlType::Q6_K => gemm::<lanes::Q6K, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
-                GgmlType::IQ4_XS => gemm::<lanes::IQ4XS, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::Q4_K => gemm::<pairs::Q4K, pairs::Q4K, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::Q5_K => gemm::<pairs::Q5K, pairs::Bytes<pairs::Q5K>, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::Q6_K => gemm::<lanes::Q6K, lanes::Bytes<lanes::Q6K>, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
+                GgmlType::IQ4_XS => gemm::<lanes::IQ4XS, lanes::Bytes<lanes::IQ4XS>, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 _ => return false,
             }
             true
