@@ -8,6 +8,7 @@
 use blink_gguf::GgmlType;
 use blink_kernels::attention::{self, Online};
 use blink_kernels::cpu::Isa;
+use blink_kernels::flavour::Flavour;
 use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out};
 use blink_kernels::order::DotOrder;
 use blink_kernels::quant::{quantize_row, quantize_weights, WeightType};
@@ -85,7 +86,7 @@ fn bench_attention(c: &mut Criterion) {
             b.iter(|| {
                 let mut st = Online::default();
                 acc.iter_mut().for_each(|a| *a = 0.0);
-                attention::attend(isa, &q[..hd], &k, &v, n, 0.125, &mut st, &mut acc);
+                attention::attend(isa, Flavour::of(isa), &q[..hd], &k, &v, n, 0.125, &mut st, &mut acc);
                 st.finish(&mut acc);
             })
         });
@@ -104,10 +105,10 @@ fn bench_attention(c: &mut Criterion) {
                     for at in (0..n).step_by(16) {
                         let (kb, vb) = (&k[at * hd..(at + 16) * hd], &v[at * hd..(at + 16) * hd]);
                         if together {
-                            attention::attend_heads(isa, &q, kb, vb, 16, 0.125, &mut st, &mut acc);
+                            attention::attend_heads(isa, Flavour::of(isa), &q, kb, vb, 16, 0.125, &mut st, &mut acc);
                         } else {
                             for (h, st) in st.iter_mut().enumerate() {
-                                attention::attend(isa, &q[h * hd..(h + 1) * hd], kb, vb, 16, 0.125, st, &mut acc[h * hd..(h + 1) * hd]);
+                                attention::attend(isa, Flavour::of(isa), &q[h * hd..(h + 1) * hd], kb, vb, 16, 0.125, st, &mut acc[h * hd..(h + 1) * hd]);
                             }
                         }
                     }
@@ -131,7 +132,7 @@ fn bench_attention(c: &mut Criterion) {
                 acc.iter_mut().for_each(|a| *a = 0.0);
                 for at in (0..n).step_by(16) {
                     let (kb, vb) = (&k[at * hd..(at + 16) * hd], &v[at * hd..(at + 16) * hd]);
-                    attention::attend_heads(isa, &q2, kb, vb, 16, 0.125, &mut st, &mut acc);
+                    attention::attend_heads(isa, Flavour::of(isa), &q2, kb, vb, 16, 0.125, &mut st, &mut acc);
                 }
                 for (h, st) in st.iter().enumerate() {
                     st.finish(&mut acc[h * hd..(h + 1) * hd]);

@@ -7,14 +7,16 @@
 //! crate does not depend on; callers split work and hand each thread its share.
 //!
 //! Layout: [`quant`] holds the ggml block formats and their scalar reference kernels
-//! (dequantize, quantize, dot product); [`cpu`] and [`order`] fix the instruction-set path
-//! and the float order of quantized dots; [`gemm`], [`attention`] and [`ops`] are the
+//! (dequantize, quantize, dot product); [`cpu`], [`order`] and [`flavour`] fix the
+//! instruction-set path, the float order of quantized dots and which llama.cpp build
+//! (AVX-512 or AVX2) the llama order reproduces; [`gemm`], [`attention`] and [`ops`] are the
 //! kernels the forward pass calls; [`lora`] adds an adapter's delta after a projection.
 //! [`fgemm`] is training's float product; `x86` holds AVX pieces shared across them.
 
 pub mod attention;
 pub mod cpu;
 pub mod fgemm;
+pub mod flavour;
 pub mod gemm;
 pub mod gelu;
 pub mod lora;

@@ -10,6 +10,7 @@
 use blink_gguf::GgmlType;
 
 use crate::cpu::Isa;
+use crate::flavour::Flavour;
 use crate::math;
 use crate::quant;
 
@@ -35,13 +36,14 @@ fn rms_norm_body<const N: usize>(x: [&[f32]; N], weight: &[f32], eps: f32, out: 
     }
 }
 
-/// `gate = silu(gate) · up`: ggml's vectorised `exp` for whole groups of 16, libm's for
-/// the remainder, as llama.cpp's x86 build computes it.
+/// `gate = silu(gate) · up`: `flavour`'s vectorised `exp` for whole groups of its lanes
+/// (16 for the AVX-512 build, 8 for AVX2), libm's for the remainder, as llama.cpp's x86
+/// builds compute it.
 #[inline(always)]
-fn swiglu_body(gate: &mut [f32], up: &[f32]) {
-    let whole = gate.len() - gate.len() % 16;
+fn swiglu_body(flavour: Flavour, gate: &mut [f32], up: &[f32]) {
+    let whole = gate.len() - gate.len() % math::exp_lanes(flavour);
     for (g, &u) in gate[..whole].iter_mut().zip(up) {
-        *g = math::silu(*g) * u;
+        *g = math::silu(flavour, *g) * u;
     }
     for (g, &u) in gate[whole..].iter_mut().zip(&up[whole..]) {
         *g = *g / (1.0 + (-*g).exp()) * u;
@@ -65,21 +67,27 @@ fn rope_body(table: &[f32], x: &mut [f32], neox: bool) {
 
 #[cfg(target_arch = "x86_64")]
 mod fma {
+    use crate::flavour::Flavour;
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rms_norm<const N: usize>(x: [&[f32]; N], weight: &[f32], eps: f32, out: [&mut [f32]; N]) {
         super::rms_norm_body(x, weight, eps, out)
     }
-    /// [`super::swiglu_body`], eight lanes at a time over the whole groups of 16.
+    /// [`super::swiglu_body`], eight lanes at a time over the whole groups.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
+    pub unsafe fn swiglu(flavour: Flavour, gate: &mut [f32], up: &[f32]) {
         use std::arch::x86_64::*;
-        let whole = gate.len() - gate.len() % 16;
+        let whole = gate.len() - gate.len() % crate::math::exp_lanes(flavour);
         assert!(up.len() >= gate.len());
         for i in (0..whole).step_by(8) {
             let (g, u) = (gate.as_mut_ptr().add(i), up.as_ptr().add(i));
-            _mm256_storeu_ps(g, _mm256_mul_ps(crate::math::x86::silu8(_mm256_loadu_ps(g)), _mm256_loadu_ps(u)));
+            let s = match flavour {
+                Flavour::Avx512 => crate::math::x86::silu8::<false>(_mm256_loadu_ps(g)),
+                Flavour::Avx2 => crate::math::x86::silu8::<true>(_mm256_loadu_ps(g)),
+            };
+            _mm256_storeu_ps(g, _mm256_mul_ps(s, _mm256_loadu_ps(u)));
         }
-        super::swiglu_body(&mut gate[whole..], &up[whole..])
+        super::swiglu_body(flavour, &mut gate[whole..], &up[whole..])
     }
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rope(table: &[f32], x: &mut [f32], neox: bool) {
@@ -129,15 +137,38 @@ pub fn rms_norm_cols_in_place(isa: Isa, x: &mut [f32], weight: &[f32], eps: f32,
     }
 }
 
-/// SwiGLU in place: `gate = silu(gate) · up`.
-pub fn swiglu(isa: Isa, gate: &mut [f32], up: &[f32]) {
+/// SwiGLU in place: `gate = silu(gate) · up`, as `flavour`'s build of llama.cpp.
+pub fn swiglu(isa: Isa, flavour: Flavour, gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if x86_fma(isa) {
         // SAFETY: as above.
-        return unsafe { fma::swiglu(gate, up) };
+        return unsafe { fma::swiglu(flavour, gate, up) };
     }
     let _ = isa;
-    swiglu_body(gate, up)
+    swiglu_body(flavour, gate, up)
+}
+
+/// `x[i] = e^(x[i] - max)`, returning their sum in f64, as `flavour`'s
+/// `ggml_vec_soft_max_f32`: whole groups of the vectorised `exp`'s lanes (16 or 8), each
+/// group summed as that build's horizontal add (`_mm512_reduce_add_ps`, or
+/// `hsum_float_8`'s order) before it joins the sum, the rest through libm one by one.
+pub fn soft_max_exp(flavour: Flavour, x: &mut [f32], max: f32) -> f64 {
+    use crate::quant::reduce::{hsum16, hsum8};
+    let lanes = math::exp_lanes(flavour);
+    let whole = x.len() - x.len() % lanes;
+    let mut sum = 0f64;
+    for group in x[..whole].chunks_exact_mut(lanes) {
+        group.iter_mut().for_each(|v| *v = math::expf(flavour, *v - max));
+        sum += match flavour {
+            Flavour::Avx512 => hsum16((&*group).try_into().expect("16 lanes")),
+            Flavour::Avx2 => hsum8((&*group).try_into().expect("8 lanes")),
+        } as f64;
+    }
+    for v in &mut x[whole..] {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    sum
 }
 
 /// Rotary embedding of one head in place (see `rope_body`).
@@ -274,18 +305,20 @@ mod tests {
         }
         let up: Vec<f32> = (0..x.len()).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
         for isa in Isa::simd_supported() {
-            let (mut a, mut b) = (x.clone(), x.clone());
-            swiglu(Isa::Scalar, &mut a, &up);
-            swiglu(isa, &mut b, &up);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a), bits(&b), "swiglu {isa}");
+            for f in Flavour::ALL {
+                let (mut a, mut b) = (x.clone(), x.clone());
+                swiglu(Isa::Scalar, f, &mut a, &up);
+                swiglu(isa, f, &mut b, &up);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "swiglu {isa} {f}");
+            }
         }
     }
 
     #[test]
     fn fast_paths_equal_the_scalar_bodies() {
         for isa in Isa::simd_supported() {
-            for n in [64usize, 576, 1536, 100] {
+            for n in [64usize, 576, 1536, 100, 72] {
                 let x = row(n, n as u32);
                 let w = row(n, 7);
                 let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
@@ -293,10 +326,12 @@ mod tests {
                 rms_norm(isa, &x, &w, 1e-5, &mut b);
                 assert_eq!(a, b, "rms_norm {isa} {n}");
 
-                let (mut g1, mut g2) = (x.clone(), x.clone());
-                swiglu(Isa::Scalar, &mut g1, &w);
-                swiglu(isa, &mut g2, &w);
-                assert_eq!(g1, g2, "swiglu {isa} {n}");
+                for f in Flavour::ALL {
+                    let (mut g1, mut g2) = (x.clone(), x.clone());
+                    swiglu(Isa::Scalar, f, &mut g1, &w);
+                    swiglu(isa, f, &mut g2, &w);
+                    assert_eq!(g1, g2, "swiglu {isa} {f} {n}");
+                }
 
                 let table: Vec<f32> = (0..64).map(|i| ((i as f32) * 0.37).sin()).collect();
                 for neox in [false, true] {

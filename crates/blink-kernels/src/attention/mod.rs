@@ -3,9 +3,11 @@
 //!
 //! The numerics are those of llama.cpp's CPU flash-attention kernel, which the reference
 //! outputs come from: against an f16 cache the query is rounded to f16, each score is an
-//! f16 dot product in ggml's AVX-512 order ([`crate::quant::reduce::dot_lanes16`]), the
-//! running maximum and sum use libm's `exp` and an FMA, and the weighted sum of values is
-//! kept in f16, rounded after every update. An f32 cache keeps everything in f32.
+//! f16 dot product in the order of the [`Flavour`]'s build of ggml
+//! ([`crate::quant::reduce::dot_float`]: 16-lane steps for AVX-512, 8-lane steps for
+//! AVX2), the running maximum and sum use libm's `exp` and an FMA, and the weighted sum
+//! of values is kept in f16, rounded after every update. An f32 cache keeps everything in
+//! f32. Only the scores depend on the flavour.
 //!
 //! Callers feed positions block by block ([`attend`], or [`attend_heads`] for the query
 //! heads that share one key/value head, of one row or of several rows of a prompt);
@@ -17,7 +19,8 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::cpu::Isa;
-use crate::quant::reduce::dot_lanes16;
+use crate::flavour::Flavour;
+use crate::quant::reduce::{dot_float, Tail};
 
 /// Positions the SIMD kernels score together before they add the values: the horizontal
 /// sums of the scores go eight at a time, and the softmax's `exp` calls overlap.
@@ -159,10 +162,11 @@ pub fn prepare_query<T: CacheElem>(q: &[f32], out: &mut [f32]) {
 
 /// Attend `q` (from [`prepare_query`]) over `n` positions whose keys and values are
 /// consecutive rows of `q.len()` elements in `keys` and `values`, updating `state` and
-/// `acc` (which starts zeroed, and is normalised by [`Online::finish`] at the end).
+/// `acc` (which starts zeroed, and is normalised by [`Online::finish`] at the end), with
+/// `flavour`'s scores.
 #[allow(clippy::too_many_arguments)]
-pub fn attend<T: CacheElem>(isa: Isa, q: &[f32], keys: &[T], values: &[T], n: usize, scale: impl Into<Scale>, state: &mut Online, acc: &mut [f32]) {
-    attend_heads(isa, q, keys, values, n, scale, std::slice::from_mut(state), acc)
+pub fn attend<T: CacheElem>(isa: Isa, flavour: Flavour, q: &[f32], keys: &[T], values: &[T], n: usize, scale: impl Into<Scale>, state: &mut Online, acc: &mut [f32]) {
+    attend_heads(isa, flavour, q, keys, values, n, scale, std::slice::from_mut(state), acc)
 }
 
 /// [`attend`] for `states.len()` query heads over the same keys and values (the heads of
@@ -171,7 +175,7 @@ pub fn attend<T: CacheElem>(isa: Isa, q: &[f32], keys: &[T], values: &[T], n: us
 /// [`attend`]; sharing the rows saves their loads and conversions, and the heads' updates
 /// overlap.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T], n: usize, scale: impl Into<Scale>, states: &mut [Online], accs: &mut [f32]) {
+pub fn attend_heads<T: CacheElem>(isa: Isa, flavour: Flavour, qs: &[f32], keys: &[T], values: &[T], n: usize, scale: impl Into<Scale>, states: &mut [Online], accs: &mut [f32]) {
     let scale = scale.into();
     let heads = states.len();
     assert!(heads > 0 && qs.len().is_multiple_of(heads) && accs.len() == qs.len());
@@ -184,11 +188,13 @@ pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T]
         unsafe {
             let k = std::slice::from_raw_parts(keys.as_ptr() as *const u16, n * hd);
             let v = std::slice::from_raw_parts(values.as_ptr() as *const u16, n * hd);
-            return x86::attend_f16(isa == Isa::Avx512Vnni, qs, k, v, n, scale, states, accs);
+            return x86::attend_f16(isa == Isa::Avx512Vnni, flavour, qs, k, v, n, scale, states, accs);
         }
     }
+    // The NEON kernel has the AVX-512 build's scores (its flavour); asked for the AVX2
+    // build's, NEON runs the scalar definition.
     #[cfg(target_arch = "aarch64")]
-    if T::HALF && hd.is_multiple_of(16) && isa.is_arm() {
+    if T::HALF && hd.is_multiple_of(16) && isa.is_arm() && flavour == Flavour::Avx512 {
         // SAFETY: T is f16 (HALF), so the slices are f16 bit patterns; the kernel needs
         // only base NEON.
         unsafe {
@@ -202,7 +208,7 @@ pub fn attend_heads<T: CacheElem>(isa: Isa, qs: &[f32], keys: &[T], values: &[T]
     }
     let _ = isa;
     for (h, state) in states.iter_mut().enumerate() {
-        attend_scalar::<T>(&qs[h * hd..(h + 1) * hd], keys, values, n, scale, state, &mut accs[h * hd..(h + 1) * hd]);
+        attend_scalar::<T>(flavour, &qs[h * hd..(h + 1) * hd], keys, values, n, scale, state, &mut accs[h * hd..(h + 1) * hd]);
     }
 }
 
@@ -229,12 +235,13 @@ pub fn prefetch<T: CacheElem>(keys: &[T], values: &[T]) {
 
 /// The definition: one position at a time, score, softmax step, value update.
 #[allow(clippy::too_many_arguments)]
-fn attend_scalar<T: CacheElem>(q: &[f32], keys: &[T], values: &[T], n: usize, scale: Scale, state: &mut Online, acc: &mut [f32]) {
+fn attend_scalar<T: CacheElem>(flavour: Flavour, q: &[f32], keys: &[T], values: &[T], n: usize, scale: Scale, state: &mut Online, acc: &mut [f32]) {
     let hd = q.len();
     for t in 0..n {
         let key = &keys[t * hd..(t + 1) * hd];
         let value = &values[t * hd..(t + 1) * hd];
-        let s = scale.cap(dot_lanes16(hd, |d| q[d], |d| key[d].to_f32(), T::HALF) * scale.mul);
+        let tail = if T::HALF { Tail::F64 } else { Tail::F32 };
+        let s = scale.cap(dot_float(flavour, hd, |d| q[d], |d| key[d].to_f32(), tail) * scale.mul);
         let (ms, vs) = state.step(s);
         if ms != 1.0 {
             acc.iter_mut().for_each(|a| *a = round::<T>(*a * ms));
@@ -314,7 +321,8 @@ mod tests {
     }
 
     /// All heads over the positions, fed in blocks that end at `splits`.
-    fn run(isa: Isa, heads: usize, q: &[f32], k: &[f16], v: &[f16], n: usize, splits: &[usize]) -> Vec<f32> {
+    #[allow(clippy::too_many_arguments)]
+    fn run(isa: Isa, f: Flavour, heads: usize, q: &[f32], k: &[f16], v: &[f16], n: usize, splits: &[usize]) -> Vec<f32> {
         let hd = q.len() / heads;
         let mut qr = vec![0f32; q.len()];
         prepare_query::<f16>(q, &mut qr);
@@ -324,9 +332,9 @@ mod tests {
         for &end in splits.iter().chain([&n]) {
             let (kb, vb) = (&k[at * hd..end * hd], &v[at * hd..end * hd]);
             if heads == 1 {
-                attend(isa, &qr, kb, vb, end - at, 0.125, &mut st[0], &mut acc);
+                attend(isa, f, &qr, kb, vb, end - at, 0.125, &mut st[0], &mut acc);
             } else {
-                attend_heads(isa, &qr, kb, vb, end - at, 0.125, &mut st, &mut acc);
+                attend_heads(isa, f, &qr, kb, vb, end - at, 0.125, &mut st, &mut acc);
             }
             at = end;
         }
@@ -346,13 +354,31 @@ mod tests {
 
     #[test]
     fn simd_equals_scalar_and_blocks_do_not_matter() {
-        for (hd, n) in [(64, 37), (128, 5), (80, 20), (16, 3)] {
-            let (q, k, v) = data(n, hd, 1, (hd * n) as u32, false, 1.0);
-            let want = run(Isa::Scalar, 1, &q, &k, &v, n, &[n / 2]);
-            assert_eq!(run(Isa::Scalar, 1, &q, &k, &v, n, &[1]), want);
-            for isa in simd_paths() {
-                assert_eq!(run(isa, 1, &q, &k, &v, n, &[n / 3]), want, "{isa} hd {hd}");
+        for f in Flavour::ALL {
+            for (hd, n) in [(64, 37), (128, 5), (80, 20), (16, 3), (256, 19), (48, 9)] {
+                let (q, k, v) = data(n, hd, 1, (hd * n) as u32, false, 1.0);
+                let want = run(Isa::Scalar, f, 1, &q, &k, &v, n, &[n / 2]);
+                assert_eq!(run(Isa::Scalar, f, 1, &q, &k, &v, n, &[1]), want);
+                for isa in simd_paths() {
+                    assert_eq!(run(isa, f, 1, &q, &k, &v, n, &[n / 3]), want, "{isa} {f} hd {hd}");
+                }
             }
+        }
+    }
+
+    /// The flavours' scores differ, so each kernel is held to its own: over these rows
+    /// some results differ in their last bits.
+    #[test]
+    fn the_flavours_scores_differ() {
+        for (hd, n) in [(64, 40), (256, 40)] {
+            let differ = (0..8u32).any(|seed| {
+                let (q, k, v) = data(n, hd, 1, seed, true, 1.0);
+                let a = run(Isa::Scalar, Flavour::Avx512, 1, &q, &k, &v, n, &[]);
+                let b = run(Isa::Scalar, Flavour::Avx2, 1, &q, &k, &v, n, &[]);
+                assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() <= 1e-2 * (1.0 + x.abs())), "hd {hd}");
+                bits(&a) != bits(&b)
+            });
+            assert!(differ, "hd {hd}: the flavours agree on every row");
         }
     }
 
@@ -362,7 +388,7 @@ mod tests {
     #[test]
     fn heads_and_chunks_equal_the_scalar_definition() {
         let mut seed = 1;
-        for hd in [64, 128, 16, 48, 80, 96] {
+        for (hd, f) in [64, 128, 16, 48, 80, 96].into_iter().flat_map(|hd| Flavour::ALL.map(|f| (hd, f))) {
             for heads in [1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 17] {
                 for n in (1..=40).chain([63, 100]) {
                     if hd != 64 && n % 7 != 0 && n > 3 {
@@ -371,13 +397,13 @@ mod tests {
                     for (rising, big) in [(false, 1.0), (true, 1.0), (true, 3000.0), (false, 60000.0)] {
                         seed += 1;
                         let (q, k, v) = data(n, hd, heads, seed, rising, big);
-                        let want: Vec<f32> = (0..heads).flat_map(|h| run(Isa::Scalar, 1, &q[h * hd..(h + 1) * hd], &k, &v, n, &[])).collect();
+                        let want: Vec<f32> = (0..heads).flat_map(|h| run(Isa::Scalar, f, 1, &q[h * hd..(h + 1) * hd], &k, &v, n, &[])).collect();
                         let blocks: Vec<usize> = (16..n).step_by(16).collect();
                         let uneven = [n / 3, n / 3 + 1, n - n / 4];
                         for isa in simd_paths() {
                             for splits in [&[][..], &blocks, &uneven] {
-                                let got = run(isa, heads, &q, &k, &v, n, splits);
-                                assert_eq!(bits(&got), bits(&want), "{isa} hd {hd} heads {heads} n {n} splits {splits:?} rising {rising} big {big}");
+                                let got = run(isa, f, heads, &q, &k, &v, n, splits);
+                                assert_eq!(bits(&got), bits(&want), "{isa} {f} hd {hd} heads {heads} n {n} splits {splits:?} rising {rising} big {big}");
                             }
                         }
                     }
@@ -393,22 +419,24 @@ mod tests {
         let (hd, n, heads) = (64, 40, 6);
         let (q, k, v) = data(n, hd, heads, 77, true, 1.0);
         let scale = Scale::new(0.125, Some(5.0));
-        let attend_all = |isa: Isa, heads: usize, q: &[f32]| {
-            let mut qr = vec![0f32; q.len()];
-            prepare_query::<f16>(q, &mut qr);
-            let (mut acc, mut st) = (vec![0f32; q.len()], vec![Online::default(); heads]);
-            for at in (0..n).step_by(16) {
-                let end = (at + 16).min(n);
-                attend_heads(isa, &qr, &k[at * hd..end * hd], &v[at * hd..end * hd], end - at, scale, &mut st, &mut acc);
+        for f in Flavour::ALL {
+            let attend_all = |isa: Isa, heads: usize, q: &[f32]| {
+                let mut qr = vec![0f32; q.len()];
+                prepare_query::<f16>(q, &mut qr);
+                let (mut acc, mut st) = (vec![0f32; q.len()], vec![Online::default(); heads]);
+                for at in (0..n).step_by(16) {
+                    let end = (at + 16).min(n);
+                    attend_heads(isa, f, &qr, &k[at * hd..end * hd], &v[at * hd..end * hd], end - at, scale, &mut st, &mut acc);
+                }
+                for (h, st) in st.iter().enumerate() {
+                    st.finish(&mut acc[h * hd..(h + 1) * hd]);
+                }
+                bits(&acc)
+            };
+            let want: Vec<u32> = (0..heads).flat_map(|h| attend_all(Isa::Scalar, 1, &q[h * hd..(h + 1) * hd])).collect();
+            for isa in simd_paths() {
+                assert_eq!(attend_all(isa, heads, &q), want, "{isa} {f}");
             }
-            for (h, st) in st.iter().enumerate() {
-                st.finish(&mut acc[h * hd..(h + 1) * hd]);
-            }
-            bits(&acc)
-        };
-        let want: Vec<u32> = (0..heads).flat_map(|h| attend_all(Isa::Scalar, 1, &q[h * hd..(h + 1) * hd])).collect();
-        for isa in simd_paths() {
-            assert_eq!(attend_all(isa, heads, &q), want, "{isa}");
         }
     }
 
@@ -420,7 +448,7 @@ mod tests {
         let mut st = Online::default();
         let rises = (0..40)
             .filter(|&t| {
-                let s = dot_lanes16(64, |d| qr[d], |d| k[t * 64 + d].to_f32(), true) * 0.125;
+                let s = dot_float(Flavour::Avx512, 64, |d| qr[d], |d| k[t * 64 + d].to_f32(), Tail::F64) * 0.125;
                 st.step(s).0 != 1.0
             })
             .count();
@@ -430,7 +458,7 @@ mod tests {
     #[test]
     fn attention_is_a_convex_combination_of_values() {
         let (q, k, v) = data(50, 64, 1, 9, false, 1.0);
-        let out = run(Isa::Scalar, 1, &q, &k, &v, 50, &[10]);
+        let out = run(Isa::Scalar, Flavour::Avx2, 1, &q, &k, &v, 50, &[10]);
         for d in 0..64 {
             let col: Vec<f32> = (0..50).map(|t| v[t * 64 + d].to_f32()).collect();
             let (lo, hi) = col.iter().fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));

@@ -1,28 +1,40 @@
 //! The x86 kernels (AVX2 + FMA + F16C, and the same with AVX-512VL's registers): f16 keys
-//! and values in ggml's order.
+//! and values in ggml's order, the scores in either flavour's (`L16`: the AVX-512 build's
+//! 16-lane steps; otherwise the AVX2 build's 8-lane steps).
 
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ptr::{addr_of, addr_of_mut};
 
 use super::{Online, Scale, CHUNK};
+use crate::flavour::Flavour;
 use crate::x86::transpose8;
 
 /// f16 keys and values, heads of `hd` elements (a multiple of 16): the chunked kernel
-/// for 64 and 128, the per-position one otherwise.
+/// for 64 and 128, the per-position one otherwise; the scores in `flavour`'s order.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn attend_f16(avx512: bool, qs: &[f32], keys: &[u16], values: &[u16], n: usize, scale: Scale, states: &mut [Online], accs: &mut [f32]) {
+pub(super) unsafe fn attend_f16(avx512: bool, flavour: Flavour, qs: &[f32], keys: &[u16], values: &[u16], n: usize, scale: Scale, states: &mut [Online], accs: &mut [f32]) {
     let hd = qs.len() / states.len();
     let (q, k, v, a) = (qs.as_ptr(), keys.as_ptr(), values.as_ptr(), accs.as_mut_ptr());
-    match (avx512, hd) {
-        (true, 64) => chunked_avx512::<4>(q, k, v, n, scale, states, a),
-        (true, 128) => chunked_avx512::<8>(q, k, v, n, scale, states, a),
-        (false, 64) => chunked_avx2::<4>(q, k, v, n, scale, states, a),
-        (false, 128) => chunked_avx2::<8>(q, k, v, n, scale, states, a),
+    let l16 = flavour == Flavour::Avx512;
+    match (avx512, l16, hd) {
+        (true, true, 64) => chunked_avx512::<4, true>(q, k, v, n, scale, states, a),
+        (true, true, 128) => chunked_avx512::<8, true>(q, k, v, n, scale, states, a),
+        (true, false, 64) => chunked_avx512::<4, false>(q, k, v, n, scale, states, a),
+        (true, false, 128) => chunked_avx512::<8, false>(q, k, v, n, scale, states, a),
+        (false, true, 64) => chunked_avx2::<4, true>(q, k, v, n, scale, states, a),
+        (false, true, 128) => chunked_avx2::<8, true>(q, k, v, n, scale, states, a),
+        (false, false, 64) => chunked_avx2::<4, false>(q, k, v, n, scale, states, a),
+        (false, false, 128) => chunked_avx2::<8, false>(q, k, v, n, scale, states, a),
         _ => {
             for (h, state) in states.iter_mut().enumerate() {
                 let acc = &mut accs[h * hd..(h + 1) * hd];
-                per_position(&qs[h * hd..(h + 1) * hd], keys, values, n, scale, state, acc);
+                let q = &qs[h * hd..(h + 1) * hd];
+                if l16 {
+                    per_position::<true>(q, keys, values, n, scale, state, acc);
+                } else {
+                    per_position::<false>(q, keys, values, n, scale, state, acc);
+                }
             }
         }
     }
@@ -31,16 +43,16 @@ pub(super) unsafe fn attend_f16(avx512: bool, qs: &[f32], keys: &[u16], values: 
 /// AVX2's sixteen registers: value updates of six heads 16 elements at a time, or of
 /// fewer heads more elements ([`update_values`]); the queries are read from memory.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chunked_avx2<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
-    chunked::<W, false>(q, k, v, n, scale, states, acc)
+unsafe fn chunked_avx2<const W: usize, const L16: bool>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
+    chunked::<W, false, L16>(q, k, v, n, scale, states, acc)
 }
 
 /// The same instructions with AVX-512VL's 32 registers: value updates of up to six heads
 /// 32 elements at a time, and three heads' queries held in registers while they score.
 /// (On Zen 4, which splits 512-bit operations in two, 512-bit vectors measured slower.)
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-unsafe fn chunked_avx512<const W: usize>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
-    chunked::<W, true>(q, k, v, n, scale, states, acc)
+unsafe fn chunked_avx512<const W: usize, const L16: bool>(q: *const f32, k: *const u16, v: *const u16, n: usize, scale: Scale, states: &mut [Online], acc: *mut f32) {
+    chunked::<W, true, L16>(q, k, v, n, scale, states, acc)
 }
 
 /// `dst[i] = f16(src[i])` (nearest, ties to even) as bits, eight at a time: inlined,
@@ -144,9 +156,10 @@ struct Chunk {
 
 /// The heads over `n` positions, `CHUNK` at a time, up to [`MAX_HEADS`] heads together so
 /// that they share each key and value row's load and widening. Heads are `16·W` elements,
-/// W a multiple of 4 (whole 64-element dot-product steps); `WIDE`: 32 vector registers.
+/// W a multiple of 4 (whole 64-element dot-product steps); `WIDE`: 32 vector registers;
+/// `L16`: the AVX-512 build's scores, else the AVX2 build's.
 #[inline(always)]
-unsafe fn chunked<const W: usize, const WIDE: bool>(qs: *const f32, keys: *const u16, values: *const u16, n: usize, scale: Scale, states: &mut [Online], accs: *mut f32) {
+unsafe fn chunked<const W: usize, const WIDE: bool, const L16: bool>(qs: *const f32, keys: *const u16, values: *const u16, n: usize, scale: Scale, states: &mut [Online], accs: *mut f32) {
     let hd = 16 * W;
     let mut chunk = MaybeUninit::<Chunk>::uninit();
     let chunk = chunk.as_mut_ptr();
@@ -156,9 +169,9 @@ unsafe fn chunked<const W: usize, const WIDE: bool>(qs: *const f32, keys: *const
             let m = (n - c).min(CHUNK);
             let (k, v) = (keys.add(c * hd), values.add(c * hd));
             if WIDE {
-                scores::<W, 3>(q, k, m, scale.mul, states.len(), chunk);
+                scores::<W, 3, L16>(q, k, m, scale.mul, states.len(), chunk);
             } else {
-                scores::<W, 0>(q, k, m, scale.mul, states.len(), chunk);
+                scores::<W, 0, L16>(q, k, m, scale.mul, states.len(), chunk);
             }
             if let Some(cap) = scale.cap {
                 let scores = addr_of_mut!((*chunk).scores) as *mut f32;
@@ -390,14 +403,17 @@ unsafe fn softmax_steps_few<const P: usize>(states: &mut [Online], m: usize, chu
 }
 
 /// The scaled scores of `heads` queries against `m` keys into the chunk, in ggml's order:
-/// four 16-lane FMA accumulators over 64-element steps, folded (`a0+a2`, `a1+a3`, then
-/// their sum) and reduced as `_mm512_reduce_add_ps` does, eight positions at a time (up
-/// to a multiple of 8: the positions past `m` are zeros). Each key row is widened once for
-/// every `Q` heads, whose queries wait in registers (three heads of 64 elements fill
-/// AVX-512's 32 with the key row), or, with `Q == 0`, once for all the heads, whose queries
-/// are read from memory (AVX2's 16 hold one key row and the sums).
+/// with `L16` (the AVX-512 build), four 16-lane FMA accumulators over 64-element steps,
+/// folded (`a0+a2`, `a1+a3`, then their sum) and reduced as `_mm512_reduce_add_ps` does;
+/// otherwise (the AVX2 build) four 8-lane accumulators over 32-element steps, which are
+/// the halves of two 16-lane ones (unit `w` of 16 elements into `a[w % 2]`), folded the
+/// same way and reduced with two `hadd`s. Eight positions at a time (up to a multiple of
+/// 8: the positions past `m` are zeros). Each key row is widened once for every `Q`
+/// heads, whose queries wait in registers (three heads of 64 elements fill AVX-512's 32
+/// with the key row), or, with `Q == 0`, once for all the heads, whose queries are read
+/// from memory (AVX2's 16 hold one key row and the sums).
 #[inline(always)]
-unsafe fn scores<const W: usize, const Q: usize>(qs: *const f32, keys: *const u16, m: usize, scale: f32, heads: usize, chunk: *mut Chunk) {
+unsafe fn scores<const W: usize, const Q: usize, const L16: bool>(qs: *const f32, keys: *const u16, m: usize, scale: f32, heads: usize, chunk: *mut Chunk) {
     let hd = 16 * W;
     // Rows past `m` (up to a multiple of 8) are zeros; the rest is never read.
     let mut folded = [[MaybeUninit::<__m256>::uninit(); CHUNK]; MAX_HEADS];
@@ -424,9 +440,10 @@ unsafe fn scores<const W: usize, const Q: usize>(qs: *const f32, keys: *const u1
                 let mut a = [V16::zero(); 4];
                 for (w, k) in k.iter().enumerate() {
                     let qw = if Q == 0 { V16::load(qs.add((p0 + p) * hd + 16 * w)) } else { q[p][w] };
-                    a[w % 4] = qw.fma(*k, a[w % 4]);
+                    let i = if L16 { w % 4 } else { w % 2 };
+                    a[i] = qw.fma(*k, a[i]);
                 }
-                row[t] = MaybeUninit::new(a[0].add(a[2]).add(a[1].add(a[3])).fold8());
+                row[t] = MaybeUninit::new(fold::<L16>(&a));
             }
         }
     }
@@ -436,7 +453,8 @@ unsafe fn scores<const W: usize, const Q: usize>(qs: *const f32, keys: *const u1
         for c in (0..m).step_by(8) {
             // SAFETY: rows c..c + 8 were written above.
             let f = &*(folded[c..c + 8].as_ptr() as *const [__m256; 8]);
-            _mm256_storeu_ps(scores.add(p * CHUNK + c), _mm256_mul_ps(hsum8x8(f), sv));
+            let sums = if L16 { hsum8x8(f) } else { hsum8x8_hadd(f) };
+            _mm256_storeu_ps(scores.add(p * CHUNK + c), _mm256_mul_ps(sums, sv));
         }
     }
 }
@@ -455,30 +473,63 @@ unsafe fn hsum8x8(f: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(_mm256_shuffle_ps::<0b10_00_10_00>(x, y), _mm256_shuffle_ps::<0b11_01_11_01>(x, y))
 }
 
-/// `_mm512_reduce_add_ps` order over two halves: (lo+hi), then 128-bit halves, then
-/// (t0+t2) + (t1+t3).
+/// [`hsum8x8`] in the order of ggml's AVX reduce (two `hadd`s):
+/// `((l0+l4) + (l1+l5)) + ((l2+l6) + (l3+l7))`.
 #[inline(always)]
-unsafe fn hsum16(v: V16) -> f32 {
-    let t3 = v.fold8();
+unsafe fn hsum8x8_hadd(f: &[__m256; 8]) -> __m256 {
+    let quarters = |a, b| _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b));
+    let x = _mm256_hadd_ps(quarters(f[0], f[4]), quarters(f[1], f[5]));
+    let y = _mm256_hadd_ps(quarters(f[2], f[6]), quarters(f[3], f[7]));
+    _mm256_hadd_ps(x, y)
+}
+
+/// The four accumulators of a score folded to eight lanes: `(a0+a2) + (a1+a3)` then the
+/// 16 lanes' halves (`L16`), or `a0 + a1` then the halves (the AVX2 build's four 8-lane
+/// accumulators are the halves of `a0` and `a1`).
+#[inline(always)]
+unsafe fn fold<const L16: bool>(a: &[V16; 4]) -> __m256 {
+    if L16 {
+        a[0].add(a[2]).add(a[1].add(a[3])).fold8()
+    } else {
+        a[0].add(a[1]).fold8()
+    }
+}
+
+/// Eight lanes summed as ggml's AVX reduce ends: 128-bit halves, then two `hadd`s.
+#[inline(always)]
+unsafe fn hsum8_hadd(v: __m256) -> f32 {
+    let t = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+    let t = _mm_hadd_ps(t, t);
+    _mm_cvtss_f32(_mm_hadd_ps(t, t))
+}
+
+/// The rest of `_mm512_reduce_add_ps` after its first step (the halves' sum `t3`):
+/// 128-bit halves, then (t0+t2) + (t1+t3).
+#[inline(always)]
+unsafe fn hsum8_rest(t3: __m256) -> f32 {
     let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
     let t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
     _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)))
 }
 
 /// One head, one position at a time: any `hd` that is a multiple of 16 (the elements
-/// past the last 64-element step are added in f64, as ggml does).
+/// past the last whole step, 64 elements with `L16` and 32 without, are added in f64, as
+/// ggml does).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn per_position(q: &[f32], keys: &[u16], values: &[u16], n: usize, scale: Scale, state: &mut Online, acc: &mut [f32]) {
+unsafe fn per_position<const L16: bool>(q: &[f32], keys: &[u16], values: &[u16], n: usize, scale: Scale, state: &mut Online, acc: &mut [f32]) {
     let hd = q.len();
-    let np = hd - hd % 64;
+    let np = hd - hd % if L16 { 64 } else { 32 };
     for t in 0..n {
         let k = keys.as_ptr().add(t * hd);
-        // Score: four 16-lane FMA accumulators over 64-element steps.
+        // Score: four 16-lane FMA accumulators over 64-element steps, or four 8-lane ones
+        // (two 16-lane) over 32-element steps.
         let mut a = [V16::zero(); 4];
         for e in (0..np).step_by(16) {
-            a[e / 16 % 4] = V16::load(q.as_ptr().add(e)).fma(V16::load_f16(k.add(e)), a[e / 16 % 4]);
+            let i = if L16 { e / 16 % 4 } else { e / 16 % 2 };
+            a[i] = V16::load(q.as_ptr().add(e)).fma(V16::load_f16(k.add(e)), a[i]);
         }
-        let mut sum = hsum16(a[0].add(a[2]).add(a[1].add(a[3]))) as f64;
+        let folded = fold::<L16>(&a);
+        let mut sum = if L16 { hsum8_rest(folded) } else { hsum8_hadd(folded) } as f64;
         for (e, &qe) in q.iter().enumerate().skip(np) {
             sum += (qe * half::f16::from_bits(*k.add(e)).to_f32()) as f64;
         }

@@ -2,10 +2,14 @@
 //!
 //! Conversions to the 16-bit formats round to nearest, ties to even, exactly as ggml's
 //! `ggml_compute_fp32_to_fp16` / `ggml_compute_fp32_to_bf16` (NaN stays NaN, quietened).
-//! `F32`/`F16` dots follow ggml's AVX-512 order ([`dot_lanes16`]); `BF16` follows ggml's
-//! AVX-512F order without the BF16 extension ([`dot_lanes16_unfused`]).
+//! `F32`/`F16` weight dots follow ggml's AVX-512 order ([`dot_lanes16`]); `BF16` follows
+//! ggml's AVX-512F order without the BF16 extension ([`dot_lanes16_unfused`]). These are
+//! the AVX-512 build's in both flavours (the SIMD products of float weights, in `gemm`,
+//! have that order only); the f32 dots a model makes outside the products (an f32
+//! router's) take the flavour's order ([`dot_f32_in`], [`dot_f32_sgemm`]).
 
-use super::reduce::{dot_lanes16, dot_lanes16_unfused};
+use super::reduce::{dot_float, dot_lanes16, dot_lanes16_unfused, hsum16, hsum8, Tail};
+use crate::flavour::Flavour;
 use half::f16;
 
 /// Round an `f32` to the nearest `bf16` (ties to even), as bits. NaNs are forced quiet.
@@ -85,34 +89,54 @@ pub fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// Dot product of two `F32` rows of `n` elements, in ggml's AVX-512 order.
+/// Element `i` of an f32 row's bytes.
+#[inline(always)]
+fn f32_at(bytes: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap())
+}
+
+/// Dot product of two `F32` rows of `n` elements (an `F32` weight matrix's product), in
+/// ggml's AVX-512 order, the elements past the last 64-element step added with an FMA
+/// each ([`Tail::Fused`], as the SIMD products end).
 pub fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let at = |bytes: &[u8], i: usize| f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
-    dot_lanes16(n, |i| at(w, i), |i| at(a, i), false)
+    dot_lanes16(n, |i| f32_at(w, i), |i| f32_at(a, i), Tail::Fused)
+}
+
+/// Dot product of two `F32` rows of `n` elements exactly as `flavour`'s
+/// `ggml_vec_dot_f32`.
+pub fn dot_f32_in(flavour: Flavour, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_float(flavour, n, |i| f32_at(w, i), |i| f32_at(a, i), Tail::F32)
 }
 
 /// Dot product of two f32 rows in the order of llama.cpp's `llamafile_sgemm` (tinyBLAS),
-/// which its x86 build (AVX-512) runs for f32 matrices multiplied by a batch of two rows
-/// or more: one 16-lane FMA accumulator, reduced as `_mm512_reduce_add_ps`. Rows whose
-/// length is not a multiple of 16 go to ggml's `vec_dot` there, so to [`dot_f32`] here.
-pub fn dot_f32_sgemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    if !n.is_multiple_of(16) {
-        return dot_f32(n, w, a);
+/// which its x86 builds run for f32 matrices multiplied by a batch of two rows or more:
+/// one FMA accumulator of the build's vector width (16 lanes for AVX-512, reduced as
+/// `_mm512_reduce_add_ps`; 8 for AVX2, reduced as `hsum_float_8`). Rows whose length is
+/// not a multiple of the width go to ggml's `vec_dot` there, so to [`dot_f32_in`] here.
+pub fn dot_f32_sgemm(flavour: Flavour, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    match flavour {
+        Flavour::Avx512 if n.is_multiple_of(16) => hsum16(&sgemm_lanes(n, w, a)),
+        Flavour::Avx2 if n.is_multiple_of(8) => hsum8(&sgemm_lanes(n, w, a)),
+        _ => dot_f32_in(flavour, n, w, a),
     }
-    let at = |bytes: &[u8], i: usize| f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
-    let mut acc = [0f32; 16];
-    for l in (0..n).step_by(16) {
+}
+
+/// tinyBLAS's accumulator of `L` lanes over two f32 rows: lane `i` sums the products of
+/// elements `i`, `i + L`, … with one FMA each.
+fn sgemm_lanes<const L: usize>(n: usize, w: &[u8], a: &[u8]) -> [f32; L] {
+    let mut acc = [0f32; L];
+    for l in (0..n).step_by(L) {
         for (i, acc) in acc.iter_mut().enumerate() {
-            *acc = at(w, l + i).mul_add(at(a, l + i), *acc);
+            *acc = f32_at(w, l + i).mul_add(f32_at(a, l + i), *acc);
         }
     }
-    super::reduce::hsum16(&acc)
+    acc
 }
 
 /// Dot product of two `F16` rows of `n` elements, in ggml's AVX-512 order.
 pub fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let at = |bytes: &[u8], i: usize| f16_bits_to_f32(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]));
-    dot_lanes16(n, |i| at(w, i), |i| at(a, i), true)
+    dot_lanes16(n, |i| at(w, i), |i| at(a, i), Tail::F64)
 }
 
 /// Dot product of two `BF16` rows of `n` elements, in ggml's AVX-512F order (two 16-lane

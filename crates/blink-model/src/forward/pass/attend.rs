@@ -229,7 +229,7 @@ impl<'p, 'a, T: StoreOf> Reader<'p, 'a, T> {
                 attention::prefetch::<T>(keys, &[]);
             }
             let (keys, values, n) = self.span(r, h, b, lo, hi);
-            attention::attend_heads::<T>(self.pass.isa, qs, keys, values, n, self.scale, states, acc);
+            attention::attend_heads::<T>(self.pass.isa, self.pass.flavour, qs, keys, values, n, self.scale, states, acc);
             if let Some((_, values, _)) = ahead {
                 attention::prefetch::<T>(&[], values);
             }

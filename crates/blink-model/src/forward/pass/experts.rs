@@ -17,7 +17,7 @@
 use blink_gguf::GgmlType;
 use blink_kernels::gemm::{self, ActRows, Out, ROW_ALIGN};
 use blink_kernels::quant::float;
-use blink_kernels::quant::reduce::hsum16;
+use blink_kernels::flavour::Flavour;
 use blink_runtime::numa::NodeWorker;
 
 use std::ops::Range;
@@ -60,22 +60,12 @@ impl Routing {
 
 /// A row's routing from its router scores (overwritten by their softmax): the `n_used`
 /// experts of highest score in falling order into `chosen`, their weights into `weights`.
-/// The softmax is ggml's on an AVX-512 build: sixteen scores at a time through ggml's `exp`
-/// (each sixteen summed as `_mm512_reduce_add_ps`), the rest through libm's, the sum in
-/// f64 and its inverse applied in f32.
-fn route(moe: &Moe, scores: &mut [f32], chosen: &mut [u32], weights: &mut [f32]) {
+/// The softmax is ggml's on `flavour`'s build (`ops::soft_max_exp`: sixteen or eight
+/// scores at a time through ggml's `exp`, the rest through libm's, the sum in f64) with
+/// the sum's inverse applied in f32.
+fn route(flavour: Flavour, moe: &Moe, scores: &mut [f32], chosen: &mut [u32], weights: &mut [f32]) {
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
-    let mut sum = 0f64;
-    let whole = scores.len() / 16 * 16;
-    for chunk in scores[..whole].chunks_exact_mut(16) {
-        let vals: [f32; 16] = std::array::from_fn(|i| blink_kernels::math::expf(chunk[i] - max));
-        sum += hsum16(&vals) as f64;
-        chunk.copy_from_slice(&vals);
-    }
-    for v in &mut scores[whole..] {
-        *v = (*v - max).exp();
-        sum += *v as f64;
-    }
+    let sum = blink_kernels::ops::soft_max_exp(flavour, scores, max);
     let inv = (1.0 / sum) as f32;
     scores.iter_mut().for_each(|v| *v *= inv);
     // Falling score, equal scores by expert number.
@@ -115,7 +105,7 @@ impl<T: StoreOf> Pass<'_, T> {
             // SAFETY: each thread owns its rows' scores, slots and weights.
             unsafe {
                 let chosen = me.moe_idx.slice_mut(at.expert(r * moe.n_used)..at.expert((r + 1) * moe.n_used));
-                route(&moe, me.router.row_mut(r), chosen, me.moe_w.slice_mut(r * moe.n_used..(r + 1) * moe.n_used));
+                route(self.flavour, &moe, me.router.row_mut(r), chosen, me.moe_w.slice_mut(r * moe.n_used..(r + 1) * moe.n_used));
             }
         }
         w.group_barrier();
@@ -210,7 +200,7 @@ impl<T: StoreOf> Pass<'_, T> {
                 let prompt = self.rows[r].kind == crate::forward::RowKind::Prompt;
                 for (e, s) in scores.iter_mut().enumerate() {
                     let row = &bytes[e * 4 * n_embd..(e + 1) * 4 * n_embd];
-                    *s = if prompt { float::dot_f32_sgemm(n_embd, row, x) } else { float::dot_f32(n_embd, row, x) };
+                    *s = if prompt { float::dot_f32_sgemm(self.flavour, n_embd, row, x) } else { float::dot_f32_in(self.flavour, n_embd, row, x) };
                 }
             }
         }
@@ -324,10 +314,18 @@ mod tests {
         Moe { n_expert: 20, n_used, norm_weights, weights_scale: None }
     }
 
-    /// Twenty scores: sixteen through ggml's `exp`, four through libm's; the chosen experts
-    /// in falling order of score, ties to the lower number, weights normed to one.
+    /// Twenty scores: sixteen (or eight) at a time through ggml's `exp`, four through
+    /// libm's; the chosen experts in falling order of score, ties to the lower number,
+    /// weights normed to one.
     #[test]
     fn routing_takes_the_best_experts_in_falling_order() {
+        for flavour in Flavour::ALL {
+            routing_in(flavour);
+        }
+    }
+
+    fn routing_in(flavour: Flavour) {
+        let route = |moe: &Moe, s: &mut [f32], c: &mut [u32], w: &mut [f32]| route(flavour, moe, s, c, w);
         let raw: Vec<f32> = (0..20).map(|e| ((e * 7 % 20) as f32 - 10.0) * 0.3).collect();
         let mut scores = raw.clone();
         let (mut chosen, mut weights) = ([0u32; 3], [0f32; 3]);

@@ -38,7 +38,7 @@ impl<T: StoreOf> Pass<'_, T> {
             // before the barrier that ended the projection.
             let (gate, up) = unsafe { (me.gate.cols_mut(r, cols.clone()), me.up.cols(r, cols.clone())) };
             match self.model.cfg.ffn_act {
-                FfnAct::Silu => ops::swiglu(self.isa, gate, up),
+                FfnAct::Silu => ops::swiglu(self.isa, self.flavour, gate, up),
                 FfnAct::GeluTanh => blink_kernels::gelu::geglu(self.isa, gate, up),
             }
         }

@@ -25,6 +25,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use blink_kernels::cpu::{self, Isa};
+use blink_kernels::flavour::{self, Flavour};
 use blink_runtime::numa::{NodePool, NodeWorker};
 use blink_kernels::ops;
 use blink_kernels::order::{self, DotOrder};
@@ -88,6 +89,8 @@ pub(super) struct Pass<'a, T: KvElem> {
     lora_stride: usize,
     isa: Isa,
     order: DotOrder,
+    /// Which llama.cpp build's float definitions the llama order follows.
+    flavour: Flavour,
 }
 
 impl<'a, T: StoreOf> Pass<'a, T> {
@@ -151,6 +154,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             lora_stride: s.lora_stride,
             isa: cpu::active(),
             order: order::active(),
+            flavour: flavour::active(),
         }
     }
 
