@@ -142,6 +142,12 @@ pub struct KernelArgs {
     /// bits). Default llama; also settable with BLINK_DOT_ORDER.
     #[arg(long = "dot-order", value_name = "ORDER")]
     pub dot_order: Option<String>,
+    /// Which build of llama.cpp the llama order reproduces: avx512 or avx2 (llama.cpp
+    /// built for AVX-512 and for AVX2 round some float results differently). Default: the
+    /// kernel path's (avx2 and avx-vnni: avx2; avx512: avx512; scalar: this CPU's best);
+    /// also settable with BLINK_LLAMA_FLAVOUR.
+    #[arg(long = "llama-flavour", value_name = "BUILD")]
+    pub llama_flavour: Option<String>,
     /// Keep the weight matrices in the file's memory map, row-major, rather than repack
     /// them for the kernels: no copy in memory, so a model larger than memory pages in
     /// from disk (slower products).
@@ -153,9 +159,9 @@ pub struct KernelArgs {
 static NO_REPACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl KernelArgs {
-    /// Fix the kernel path and dot order before any model is loaded.
+    /// Fix the kernel path, dot order and llama.cpp flavour before any model is loaded.
     pub fn apply(&self) -> CliResult {
-        use blink_kernels::{cpu, order};
+        use blink_kernels::{cpu, flavour, order};
         NO_REPACK.store(self.no_repack, std::sync::atomic::Ordering::Relaxed);
         if let Some(name) = &self.kernel {
             let isa = cpu::Isa::parse(name).ok_or_else(|| cpu::IsaError::Unknown(name.clone()))?;
@@ -164,6 +170,13 @@ impl KernelArgs {
         if let Some(name) = &self.dot_order {
             let o = order::DotOrder::parse(name).ok_or_else(|| order::OrderError::Unknown(name.clone()))?;
             order::force(o)?;
+        }
+        if let Some(name) = &self.llama_flavour {
+            let f = flavour::Flavour::parse(name).ok_or_else(|| flavour::FlavourError::Unknown(name.clone()))?;
+            if order::active() == order::DotOrder::Block {
+                return Err("--llama-flavour applies to --dot-order llama (the block order is the same on every CPU)".into());
+            }
+            flavour::force(f)?;
         }
         Ok(())
     }

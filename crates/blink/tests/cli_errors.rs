@@ -235,6 +235,14 @@ fn missing_files_and_bad_arguments_fail_cleanly() {
     let out = blink(&["run", "-m", model_path().to_str().unwrap(), "--dot-order", "fast", "-p", "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("unknown dot order 'fast'"), "{}", stderr(&out));
+
+    let out = blink(&["run", "-m", model_path().to_str().unwrap(), "--llama-flavour", "sse4", "-p", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("unknown llama.cpp flavour 'sse4'"), "{}", stderr(&out));
+    // The block order is Blink's own, the same on every CPU: no flavour to pick.
+    let out = blink(&["run", "-m", model_path().to_str().unwrap(), "--dot-order", "block", "--llama-flavour", "avx2", "-p", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--llama-flavour applies to --dot-order llama"), "{}", stderr(&out));
 }
 
 #[test]

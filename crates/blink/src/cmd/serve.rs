@@ -317,7 +317,7 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
     };
     let cfg = ready.engine.config().clone();
     eprintln!(
-        "blink: serving {} (context {} tokens per request, KV cache {} tokens (prefix cache {}), {} parallel, {} threads, kernel {}, {} dot order); chat page at {url}/, API at {url}/v1",
+        "blink: serving {} (context {} tokens per request, KV cache {} tokens (prefix cache {}), {} parallel, {} threads, kernel {}, dot order {}); chat page at {url}/, API at {url}/v1",
         ready.model_id,
         cfg.max_seq_len,
         cfg.kv_tokens,
@@ -325,7 +325,7 @@ async fn serve(args: Args, opts: ServerOptions) -> CliResult {
         cfg.max_running,
         cfg.n_threads,
         blink_kernels::cpu::active(),
-        blink_kernels::order::active()
+        crate::cmd::info::order_line(blink_kernels::cpu::active(), blink_kernels::order::active())
     );
     for a in ready.adapters.list() {
         eprintln!("blink: adapter '{}' (id {}, rank {}, alpha {}, default scale {}) from {}", a.name, a.id, a.rank, a.alpha, a.scale, a.path.display());

@@ -118,9 +118,10 @@ pub fn main(args: Args) -> CliResult {
     let first_adapters = place(model)?;
     if !args.json {
         outln!(
-            "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, {order} dot order, {}, {} repetitions",
+            "blink bench: model {} ({file_type}, {:.1} MiB), kernel {kernel}, dot order {}, {}, {} repetitions",
             model.cfg.name,
             model.file().file_size() as f64 / 1048576.0,
+            super::info::order_line(kernel, order),
             numa_label(model),
             args.reps.max(1)
         )?;
