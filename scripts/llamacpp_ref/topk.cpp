@@ -1,7 +1,8 @@
 // Greedy decode with llama.cpp's library, printing per step the chosen token and the top-K
 // log-probabilities (to see near-ties).  Build: see README.md.
 // usage: llama-topk MODEL PROMPT_FILE N [K] [LORA_FILE]
-// env LORA_SCALE=S: adapter scale (default 1).
+// env LORA_SCALE=S: adapter scale (default 1); UBATCH=N: micro-batch size (default llama.cpp's, 512);
+// SWA_FULL=1: keep every position in sliding-window layers (llama.cpp's --swa-full).
 //   PROMPT_FILE is used byte for byte (no newline stripped); tokenized with special tokens parsed.
 // Output: one JSON object per step on stdout: {"step":i,"id":..,"piece":..,"top":[[id,logprob,piece],..]}
 #include "llama.h"
@@ -47,6 +48,8 @@ int main(int argc, char ** argv) {
     const llama_vocab * vocab = llama_model_get_vocab(model);
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 2048; cp.n_threads = 2; cp.n_threads_batch = 2;
+    if (getenv("UBATCH")) cp.n_ubatch = atoi(getenv("UBATCH"));
+    if (getenv("SWA_FULL")) cp.swa_full = atoi(getenv("SWA_FULL")) != 0;
     llama_context * ctx = llama_init_from_model(model, cp);
     if (lora) {
         llama_adapter_lora * a = llama_adapter_lora_init(model, lora);
