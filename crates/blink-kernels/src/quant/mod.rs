@@ -13,6 +13,8 @@
 //! [`GgmlType`]. Length mismatches are caller bugs and panic, as documented per function.
 
 mod activation;
+#[cfg(target_arch = "x86_64")]
+mod activation_x86;
 pub mod blocks;
 pub mod float;
 mod iquants;
@@ -186,6 +188,8 @@ pub fn quantize_row(act_ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     match act_ty {
         GgmlType::Q8_0 => rows::quantize_with(src, dst, BlockQ8_0::quantize_activation),
         GgmlType::Q8_1 => rows::quantize_with(src, dst, BlockQ8_1::quantize_activation),
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q8_K if activation_x86::quantize_row_q8_k(src, dst) => {}
         _ => quantize_ref(act_ty, src, dst),
     }
 }
