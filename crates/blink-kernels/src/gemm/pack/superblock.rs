@@ -75,15 +75,30 @@ impl SuperFields {
             for (r, row) in rows.clone().enumerate() {
                 let blk = &src[row * row_bytes + b * self.block..][..self.block];
                 for (at, len, unit) in self.runs() {
-                    for i in 0..len / unit {
-                        let to = GROUP * at + unit * (GROUP * i + r);
-                        gb[to..to + unit].copy_from_slice(&blk[at + unit * i..][..unit]);
+                    let (from, to) = (&blk[at..at + len], &mut gb[GROUP * at..GROUP * (at + len)]);
+                    match unit {
+                        4 => scatter::<4>(from, to, r),
+                        2 => scatter::<2>(from, to, r),
+                        _ => scatter::<1>(from, to, r),
                     }
                 }
             }
         }
     }
 
+}
+
+/// Unit `i` of `from` (one row's field) to unit `8i + r` of `to` (the group's field): a
+/// copy of a known size per unit (a slice copy of a run-time length would call `memmove`).
+#[inline(always)]
+fn scatter<const UNIT: usize>(from: &[u8], to: &mut [u8], r: usize) {
+    for (i, unit) in from.chunks_exact(UNIT).enumerate() {
+        let at = UNIT * (GROUP * i + r);
+        to[at..at + UNIT].copy_from_slice(unit);
+    }
+}
+
+impl SuperFields {
     /// Rebuild row `r`'s original block from a group-block.
     pub(super) fn unpack_block(&self, src: &[u8], r: usize, blk: &mut [u8]) {
         for (at, len, unit) in self.runs() {
