@@ -1,4 +1,6 @@
-//! `blink` against llama.cpp's golden outputs on the default model.
+//! `blink` against llama.cpp's golden outputs on the default model: the default path
+//! against the build of llama.cpp whose results it reproduces on this CPU (AVX-512 or AVX2),
+//! and each flavour of llama.cpp's definitions against its own build's outputs.
 
 mod support;
 
@@ -42,18 +44,41 @@ fn prompts_from_a_file_or_stdin_tokenize_as_llama_cpp() {
 
 #[test]
 fn greedy_run_starts_with_the_owed_text() {
+    greedy_runs_owe(&golden(), &[]);
+}
+
+/// `blink run --raw` with `extra` on each greedy case of `reference` starts with the text
+/// it owes (llama.cpp's up to its first near-tie).
+fn greedy_runs_owe(reference: &serde_json::Value, extra: &[&str]) {
     let model = model_path();
     let model = model.to_str().unwrap();
-    for case in golden()["greedy"].as_array().unwrap() {
+    for case in reference["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
         let owed = case["exact_text_owed"].as_str().unwrap();
-        let out = blink(&["run", "-m", model, "--raw", "--temp", "0", "-n", "32", "-t", THREADS, "-p", prompt]);
+        let mut args = vec!["run", "-m", model, "--raw", "--temp", "0", "-n", "32", "-t", THREADS, "-p", prompt];
+        args.extend(extra);
+        let out = blink(&args);
         ok(&out);
         let text = stdout(&out);
         assert!(
             text.starts_with(owed),
-            "prompt {prompt:?}\n  owed: {owed:?}\n  got:  {text:?}"
+            "{extra:?} prompt {prompt:?}\n  owed: {owed:?}\n  got:  {text:?}"
         );
+    }
+}
+
+/// Each flavour of llama.cpp's definitions gives its own build's text, on the x86 path of
+/// that flavour (where this CPU has it) and on the scalar path told to take it: greedy
+/// cases and chats.
+#[test]
+fn each_flavour_gives_its_builds_text() {
+    for (flavour, extra) in flavour_runs() {
+        let reference = reference("smollm2-135m-instruct-q4_1", flavour);
+        greedy_runs_owe(&reference, &extra);
+        chats_owe(&reference, &extra);
+        let out = blink(&[&["info", "-m", model_path().to_str().unwrap()][..], &extra].concat());
+        ok(&out);
+        assert!(stdout(&out).contains(&format!("dot order:       llama, as {} computes", flavour.build())), "{extra:?}: {}", stdout(&out));
     }
 }
 
@@ -90,6 +115,14 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
 #[test]
 fn perplexity_equals_llama_cpps_at_a_micro_batch_of_32() {
     perplexity_equals_llama_cpps_at_its_ubatch(&model_path(), "SmolLM2-135M-Instruct.Q4_1.gguf", 512, 512);
+}
+
+/// Each flavour's perplexity is its own build's, chunk by chunk.
+#[test]
+fn each_flavours_perplexity_is_its_builds() {
+    for (flavour, extra) in simd_flavour_runs() {
+        perplexity_equals_builds_at_its_ubatch(&model_path(), "SmolLM2-135M-Instruct.Q4_1.gguf", 512, 512, flavour, &extra);
+    }
 }
 
 /// The block dot order gives up llama.cpp's bits, not its quality.
@@ -152,11 +185,18 @@ fn info_describes_the_model() {
 
 #[test]
 fn chat_template_run_matches_llama_cpp_server() {
+    chats_owe(&golden(), &[]);
+}
+
+/// `blink run` with `extra` on each chat case of `reference` (its messages through the
+/// model's template) starts with the text it owes.
+fn chats_owe(reference: &serde_json::Value, extra: &[&str]) {
     let model = model_path();
     let model = model.to_str().unwrap();
-    for case in golden()["chat"].as_array().unwrap() {
+    for case in reference["chat"].as_array().unwrap() {
         let messages = case["messages"].as_array().unwrap();
         let mut args = vec!["run", "-m", model, "--temp", "0", "-n", "32", "-t", THREADS];
+        args.extend(extra);
         for m in messages {
             match m["role"].as_str().unwrap() {
                 "system" => args.extend(["--system", m["content"].as_str().unwrap()]),
@@ -167,6 +207,6 @@ fn chat_template_run_matches_llama_cpp_server() {
         let out = blink(&args);
         ok(&out);
         let owed = case["exact_text_owed"].as_str().unwrap();
-        assert!(stdout(&out).starts_with(owed), "messages {messages:?}\n  owed: {owed:?}\n  got:  {:?}", stdout(&out));
+        assert!(stdout(&out).starts_with(owed), "{extra:?} messages {messages:?}\n  owed: {owed:?}\n  got:  {:?}", stdout(&out));
     }
 }

@@ -149,3 +149,44 @@ pub fn settled(engine: &Engine) -> blink_engine::serve::EngineStats {
     }
 }
 
+
+/// llama.cpp's reference for the default model from the build of `flavour`
+/// (testdata/golden: `.json` the AVX-512 build's, `.avx2.json` the AVX2 build's).
+pub fn golden(flavour: blink_kernels::flavour::Flavour) -> serde_json::Value {
+    let name = match flavour {
+        blink_kernels::flavour::Flavour::Avx512 => "smollm2-135m-instruct-q4_1.json",
+        blink_kernels::flavour::Flavour::Avx2 => "smollm2-135m-instruct-q4_1.avx2.json",
+    };
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden").join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Greedy generation of each case of `flavour`'s reference gives llama.cpp's ids, at
+/// least up to the owed prefix; reports how far the two engines keep agreeing.
+pub fn greedy_ids_match_llama_cpp(flavour: blink_kernels::flavour::Flavour) {
+    let (model, tok) = model();
+    let cfg = SessionConfig { n_ctx: 256, n_threads: 2, n_batch: 64, kv_type: KvType::F16, swa_full: false };
+    let mut report = Vec::new();
+    for case in golden(flavour)["greedy"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        assert_eq!(tok.encode(case["prompt"].as_str().unwrap(), true, true), prompt);
+        let want = ids(&case["ids"]);
+        let owed = case["exact_tokens_owed"].as_u64().unwrap() as usize;
+        let mut session = Session::new(&model, &cfg).unwrap();
+        let params = GenerateParams { max_tokens: Some(want.len()), sampling: SamplingParams::greedy(), ..Default::default() };
+        let g = session.generate(&tok, &prompt, &params, &mut |_| {}).unwrap();
+        // llama.cpp's ids end with EOS when it stopped there; ours leave it out.
+        let mut got = g.tokens.clone();
+        if g.finish == FinishReason::Stop && want.last() == tok.eos().as_ref() {
+            got.push(tok.eos().unwrap());
+        }
+        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        report.push(format!("{:?}: {agree}/{} tokens agree (owed {owed})", case["prompt"].as_str().unwrap(), want.len()));
+        assert!(agree >= owed, "{flavour}: prompt {:?}: only {agree} tokens agree, {owed} owed\n got  {got:?}\n want {want:?}", case["prompt"]);
+    }
+    eprintln!("{} ({flavour} flavour):\n{}", flavour.build(), report.join("\n"));
+}

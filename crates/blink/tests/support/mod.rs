@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use blink_kernels::cpu::Isa;
+use blink_kernels::flavour::Flavour;
+
 /// The default model, fetched on first use exactly as `blink` does.
 pub fn model_path() -> PathBuf {
     blink_model::fetch::ensure_default_model().expect("the default model is needed for these tests")
@@ -13,11 +16,44 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// llama.cpp's reference outputs for the default model.
+/// llama.cpp's reference outputs for the default model, from the build whose results the
+/// default kernel path reproduces on this CPU.
 pub fn golden() -> serde_json::Value {
-    let path = repo_root().join("testdata/golden/smollm2-135m-instruct-q4_1.json");
+    reference("smollm2-135m-instruct-q4_1", default_flavour())
+}
+
+/// The flavour of llama.cpp's definitions the default kernel path reproduces on this CPU.
+pub fn default_flavour() -> Flavour {
+    Flavour::of(Isa::best())
+}
+
+/// llama.cpp's reference outputs `testdata/golden/{stem}.json` as `flavour`'s build
+/// computes them (`{stem}.json`: the AVX-512 build; `{stem}.avx2.json`: the AVX2 build).
+pub fn reference(stem: &str, flavour: Flavour) -> serde_json::Value {
+    let name = match flavour {
+        Flavour::Avx512 => format!("{stem}.json"),
+        Flavour::Avx2 => format!("{stem}.avx2.json"),
+    };
+    let path = repo_root().join("testdata/golden").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("golden JSON parses")
+}
+
+/// The runs, besides the default path's, that hold each flavour to its build's
+/// reference: the x86 path of that flavour, where this CPU has it and it is not the
+/// default, and the scalar path with `--llama-flavour`. A path this CPU lacks is said by
+/// name on stderr.
+pub fn flavour_runs() -> Vec<(Flavour, Vec<&'static str>)> {
+    let mut runs = Vec::new();
+    for (f, isa) in [(Flavour::Avx512, Isa::Avx512Vnni), (Flavour::Avx2, Isa::Avx2)] {
+        if !isa.supported() {
+            eprintln!("note: this CPU has no {isa} path; {} is checked on the scalar path only", f.build());
+        } else if isa != Isa::best() {
+            runs.push((f, vec!["--kernel", isa.name()]));
+        }
+        runs.push((f, vec!["--kernel", "scalar", "--llama-flavour", f.name()]));
+    }
+    runs
 }
 
 /// Run the `blink` binary with `args`.
@@ -135,18 +171,40 @@ pub mod synthetic;
 /// `blink perplexity` on the golden text gives llama.cpp's chunk by chunk, to the four
 /// decimals both print, at the micro-batch size where llama.cpp computes what Blink does
 /// (testdata/golden/perplexity-ubatch.json), with a context of `ctx` tokens evaluated in
-/// steps of `batch`.
+/// steps of `batch`: on the default path, against the build it reproduces on this CPU.
 pub fn perplexity_equals_llama_cpps_at_its_ubatch(model: &std::path::Path, name: &str, ctx: usize, batch: usize) {
+    perplexity_equals_builds_at_its_ubatch(model, name, ctx, batch, default_flavour(), &[]);
+}
+
+/// The same with `extra` arguments, against `flavour`'s build (a case's `avx2` figures are
+/// the AVX2 build's).
+pub fn perplexity_equals_builds_at_its_ubatch(model: &std::path::Path, name: &str, ctx: usize, batch: usize, flavour: Flavour, extra: &[&str]) {
     let path = repo_root().join("testdata/golden/perplexity-ubatch.json");
     let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let case = golden["cases"].as_array().unwrap().iter().find(|c| c["model"] == name && c["ctx"] == ctx).unwrap_or_else(|| panic!("no case for {name} at {ctx}"));
+    let figures = match flavour {
+        Flavour::Avx512 => case,
+        Flavour::Avx2 => &case["avx2"],
+    };
     let text = repo_root().join("testdata/golden/gpl-3-excerpt.txt");
     let (ctx, batch) = (ctx.to_string(), batch.to_string());
-    let out = blink(&["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", &ctx, "-b", &batch, "-t", THREADS]);
+    let mut args = vec!["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", &ctx, "-b", &batch, "-t", THREADS];
+    args.extend(extra);
+    let out = blink(&args);
     ok(&out);
     let chunks = stderr(&out).lines().find(|l| l.starts_with("[1]")).map(str::to_string).expect("a line of chunk figures");
-    let want = case["chunks"].as_str().unwrap();
-    assert_eq!(chunks, want, "{name}: llama.cpp at -ub {}", case["ubatch"]);
+    let want = figures["chunks"].as_str().unwrap();
+    assert_eq!(chunks, want, "{name} {extra:?}: {} at -ub {}", flavour.build(), case["ubatch"]);
     let final_line = stdout(&out).lines().last().unwrap_or_default().to_string();
-    assert!(final_line.contains(&format!("PPL = {:.4}", case["ppl"].as_f64().unwrap())), "{final_line}");
+    assert!(final_line.contains(&format!("PPL = {:.4}", figures["ppl"].as_f64().unwrap())), "{final_line}");
+}
+
+/// [`flavour_runs`] on a SIMD path (the scalar path takes minutes over a perplexity
+/// text; said on stderr).
+pub fn simd_flavour_runs() -> Vec<(Flavour, Vec<&'static str>)> {
+    let (simd, scalar): (Vec<_>, Vec<_>) = flavour_runs().into_iter().partition(|(_, extra)| !extra.contains(&"scalar"));
+    for (f, _) in scalar {
+        eprintln!("note: {} is not checked on the scalar path here (minutes over the text)", f.build());
+    }
+    simd
 }
