@@ -174,7 +174,7 @@ impl Windows {
         }
         let first = frame.first_layer as usize;
         let index = self.find(first).ok_or_else(|| format!("no window of this device starts at layer {first}"))?;
-        let rows = frame.rows.iter().map(|r| StepRow::hidden(r.pos as usize, r.seq as SeqId, r.kind).with_adapter(r.adapter.map(AdapterSlot)).with_logits(r.logits).with_grouped(r.grouped));
+        let rows = frame.rows.iter().map(|r| StepRow::hidden(r.pos as usize, r.seq as SeqId, r.kind).with_adapter(r.adapter.map(AdapterSlot)).with_logits(r.logits).with_grouped(r.grouped).with_tiled(r.tiled));
         let layers = self.step(index, rows, (StepInput::Hidden(&frame.hidden), StepOutput::Hidden), adapters)?;
         // The output has the input's size: overwrite it in place.
         for (i, out) in frame.hidden.chunks_exact_mut(n_embd).enumerate() {

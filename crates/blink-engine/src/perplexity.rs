@@ -31,6 +31,9 @@ pub struct PerplexityConfig {
     pub ctx: usize,
     /// Rows per forward step.
     pub n_batch: usize,
+    /// The micro-batch of llama.cpp's whose numerics the rows follow
+    /// (`StepRow::in_batches_of`; llama-perplexity's `-ub`).
+    pub ubatch: usize,
     pub n_threads: usize,
     pub kv_type: KvType,
     /// Keep every position of the sliding-window layers (the figures do not change).
@@ -89,7 +92,7 @@ pub fn perplexity(
                 let token = if pos == 0 { cfg.bos.unwrap_or(toks[0]) } else { toks[pos] };
                 // As llama-perplexity: the chunk is one prompt, and every row of its second
                 // half wants logits (the last one's go unused).
-                StepRow::prompt(token, pos, seq).with_logits(pos >= first).with_adapter(slot).in_prompt_of(ctx)
+                StepRow::prompt(token, pos, seq).with_logits(pos >= first).with_adapter(slot).in_batches_of(ctx, cfg.ubatch)
             }));
             runner.run_with(&rows, &adapters)?;
             for (i, pos) in (start..end).filter(|&p| p >= first && p + 1 < ctx).enumerate() {

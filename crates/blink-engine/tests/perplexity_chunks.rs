@@ -13,7 +13,7 @@ fn each_chunk_starts_with_bos_when_the_model_adds_one() {
     let tokens = tok.encode(&text, false, false);
     let ctx = 32;
     assert!(tokens.len() >= 3 * ctx, "{}", tokens.len());
-    let cfg = |bos| PerplexityConfig { ctx, n_batch: 16, n_threads: 2, kv_type: KvType::F16, swa_full: false, max_chunks: Some(3), bos, adapter: None };
+    let cfg = |bos| PerplexityConfig { ctx, n_batch: 16, ubatch: 512, n_threads: 2, kv_type: KvType::F16, swa_full: false, max_chunks: Some(3), bos, adapter: None };
     let ppl = |tokens: &[u32], bos| perplexity(&model, tokens, &cfg(bos), &mut |_, _| {}).unwrap().ppl;
 
     let bos = tok.bos().unwrap_or(1);

@@ -62,7 +62,7 @@ fn bench_gemm(c: &mut Criterion) {
                 for &order in orders {
                     let path = if order == DotOrder::Block { format!("{ty}/{isa}/block") } else { format!("{ty}/{isa}") };
                     let m = MatRef { ty, layout, rows: ROWS, cols, bytes };
-                    let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act, grouped: &[] };
+                    let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act, forms: &[] };
                     group.bench_function(BenchmarkId::new(path, n_act), |b| {
                         b.iter(|| unsafe { product(isa, order, &m, &a, std::iter::once(0..ROWS), Out { ptr: out.as_mut_ptr(), ld: ROWS, accumulate: false }) })
                     });

@@ -7,10 +7,11 @@
 //! fly), `TYPES=Q5_0,Q4_0` times one in-cache matrix of each of those types instead,
 //! `COPIES=100` streams that many copies of each `TYPES` matrix in turn (from memory),
 //! `L2_KIB=512` sizes the activation panels for that L2 instead of this CPU's (a huge one:
-//! no panels), `L3_KIB` the weight blocks likewise.
+//! no panels), `L3_KIB` the weight blocks likewise, `TILED=1` marks every activation row
+//! tiled (llama.cpp's products of eight rows or more).
 
 use blink_gguf::GgmlType;
-use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out};
+use blink_kernels::gemm::{prepare, product, ActRows, Layout, MatRef, Out, RowForm};
 use blink_kernels::quant::{quantize_row, quantize_weights, WeightType};
 
 #[path = "../benches/support/mod.rs"]
@@ -61,11 +62,12 @@ fn main() {
                 );
             }
             let mut out = vec![0f32; n_act * rows];
+            let forms = vec![RowForm { grouped: false, tiled: env("TILED").is_some() }; n_act];
             let reps = (2_000_000_000 / (rows * cols * n_act)).max(copies * 3);
             let mut times = vec![];
             for _ in 0..5 {
                 let t = std::time::Instant::now();
-                let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act, grouped: &[] };
+                let a = ActRows { ty: act_ty, bytes: &act, stride, count: n_act, forms: &forms };
                 for i in 0..reps {
                     let m = MatRef { ty, layout, rows, cols, bytes: &packed[i % copies] };
                     unsafe {

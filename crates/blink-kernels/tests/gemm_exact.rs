@@ -4,7 +4,7 @@
 
 use blink_gguf::GgmlType;
 use blink_kernels::cpu::Isa;
-use blink_kernels::gemm::{pack, product, tiling, ActRows, Layout, MatRef, Out, ROW_ALIGN};
+use blink_kernels::gemm::{pack, product, tiling, ActRows, Layout, MatRef, Out, RowForm, ROW_ALIGN};
 use blink_kernels::order::DotOrder;
 use blink_kernels::quant::{quantize_row, WeightType};
 use proptest::prelude::*;
@@ -104,9 +104,10 @@ fn run(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], rows: 
     run_grouped(isa, order, ty, layout, w, (rows, cols), (act, stride, n_act, &[]), accumulate)
 }
 
-/// [`run`] with some activation rows computed as in a group of four (`grouped`).
+/// [`run`] with activation rows computed as llama.cpp does in a group of four or a tiled
+/// product (`forms`).
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
-fn run_grouped(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], (rows, cols): (usize, usize), (act, stride, n_act, grouped): (&[u8], usize, usize, &[bool]), accumulate: bool) -> Vec<f32> {
+fn run_grouped(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8], (rows, cols): (usize, usize), (act, stride, n_act, forms): (&[u8], usize, usize, &[RowForm]), accumulate: bool) -> Vec<f32> {
     let mut out: Vec<f32> = (0..n_act * rows).map(|i| i as f32 * 0.25).collect();
     let o = Out { ptr: out.as_mut_ptr(), ld: rows, accumulate };
     // Ranges that start mid-matrix: one call for the first third, then one call for the
@@ -114,7 +115,7 @@ fn run_grouped(isa: Isa, order: DotOrder, ty: GgmlType, layout: Layout, w: &[u8]
     let mid = (rows / 3).next_multiple_of(ROW_ALIGN).min(rows);
     let chunks: Vec<_> = (mid..rows).step_by(ROW_ALIGN).map(|r| r..(r + ROW_ALIGN).min(rows)).rev().collect();
     let m = MatRef { ty, layout, rows, cols, bytes: w };
-    let a = ActRows { ty: m.activation_type(), bytes: act, stride, count: n_act, grouped };
+    let a = ActRows { ty: m.activation_type(), bytes: act, stride, count: n_act, forms };
     unsafe {
         product(isa, order, &m, &a, std::iter::once(0..mid), o);
         product(isa, order, &m, &a, chunks, o);
@@ -226,7 +227,7 @@ fn activation_panels_do_not_change_results() {
         for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q2_K].into_iter().enumerate() {
             let w = random_row_major(ty, rows, cols, 70 + i as u64);
             let (act, stride) = random_activations(ty, cols, n_act, 200);
-            let grouped: Vec<bool> = (0..n_act).map(|r| r % 3 == 0).collect();
+            let grouped: Vec<RowForm> = (0..n_act).map(|r| RowForm { grouped: r % 3 == 0, tiled: r % 5 < 3 }).collect();
             let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
             for isa in paths() {
                 let got = run_grouped(isa, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), true);
@@ -320,8 +321,9 @@ proptest! {
             let x = random_values(cols, seed.rotate_left(17) ^ (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             quantize_row(act_ty, &x, &mut act[r * stride..r * stride + stride - 5]);
         }
-        // Some rows as llama.cpp computes them in a group of four (Q4_K tells them apart).
-        let grouped: Vec<bool> = (0..n_act).map(|r| (seed >> (r % 64)) & 1 == 1).collect();
+        // Some rows as llama.cpp computes them in a group of four (Q4_K tells them apart),
+        // and runs of rows as it does in a tiled product (Q5_K, Q6_K, IQ4_XS).
+        let grouped: Vec<RowForm> = (0..n_act).map(|r| RowForm { grouped: (seed >> (r % 64)) & 1 == 1, tiled: (seed >> (32 + r / 3 % 32)) & 1 == 1 }).collect();
         let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), accumulate);
         // The super-block formats with an interleaved layout: on the scalar path (its
         // reference over packed rows) and every SIMD path.
@@ -377,7 +379,7 @@ fn extreme_super_blocks_equal_scalar() {
                     let v: Vec<f32> = (0..cols).map(|e| if e % 97 == 0 { x * 1.01 } else { x }).collect();
                     quantize_row(act_ty, &v, &mut act[r * stride..(r + 1) * stride]);
                 }
-                let grouped: Vec<bool> = (0..n_act).map(|r| r % 2 == 0).collect();
+                let grouped: Vec<RowForm> = (0..n_act).map(|r| RowForm { grouped: r % 2 == 0, tiled: r >= 2 }).collect();
                 let want = run_grouped(Isa::Scalar, DotOrder::Llama, ty, Layout::RowMajor, &w, (rows, cols), (&act, stride, n_act, &grouped), false);
                 for isa in paths() {
                     for (layout, m) in [(Layout::Packed, &packed), (Layout::RowMajor, &w)] {

@@ -24,7 +24,7 @@ use weights::{Home, Loader};
 use thiserror::Error;
 
 pub use config::{Arch, ModelConfig};
-pub use forward::{AdapterSlot, ForwardError, RowKind, Scratch, Step, StepInput, StepOutput, StepRow};
+pub use forward::{AdapterSlot, ForwardError, RowKind, Scratch, Step, StepInput, StepOutput, StepRow, LLAMA_UBATCH};
 pub use kv_cache::{KvCache, KvType, SeqId};
 pub use rope::Rope;
 pub use parallel::tensor::{TensorPart, TensorPlacement, TensorSplit};

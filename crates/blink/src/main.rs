@@ -69,7 +69,7 @@ enum Command {
 }
 
 /// llama.cpp's multi-letter short options that mean something here, in clap's spelling
-/// (its short options are one letter): `-np` (servers) and `-sys`. Its GPU-offload option
+/// (its short options are one letter): `-np` (servers), `-sys` and `-ub`. Its GPU-offload option
 /// `-ngl N` is dropped with a note, as llama.cpp's CPU builds do. A value given to a text
 /// option (`-p -sys`) is left alone.
 fn llama_cpp_spellings(args: Vec<std::ffi::OsString>, serving: bool) -> Vec<std::ffi::OsString> {
@@ -82,6 +82,7 @@ fn llama_cpp_spellings(args: Vec<std::ffi::OsString>, serving: bool) -> Vec<std:
             _ if after_text_option => out.push(a),
             Some("-np") if serving => out.push("--parallel".into()),
             Some("-sys") => out.push("--system".into()),
+            Some("-ub") => out.push("--ubatch-size".into()),
             Some("-ngl" | "--n-gpu-layers" | "--gpu-layers") => {
                 it.next_if(|v| v.to_str().is_some_and(|v| v.parse::<i64>().is_ok() || v == "auto" || v == "all"));
                 eprintln!("blink: runs on the CPU; {} ignored", a.to_string_lossy());

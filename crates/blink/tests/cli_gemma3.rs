@@ -125,7 +125,14 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
 
 #[test]
 fn perplexity_equals_llama_cpps_at_a_micro_batch_of_4() {
-    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", 512, 512);
+    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", (512, 4), 512);
+}
+
+/// From eight rows a micro-batch's `Q6_K` products (the FFN's down projection) take
+/// llama.cpp's tiled kernels: its figures move, and Blink's with them, whatever its steps.
+#[test]
+fn perplexity_equals_llama_cpps_at_a_micro_batch_of_32() {
+    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", (512, 32), 100);
 }
 
 /// Each flavour's perplexity is its own build's, chunk by chunk, within the window and past
@@ -133,8 +140,9 @@ fn perplexity_equals_llama_cpps_at_a_micro_batch_of_4() {
 #[test]
 fn each_flavours_perplexity_is_its_builds() {
     for (flavour, extra) in simd_flavour_runs() {
-        perplexity_equals_builds_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", 512, 512, flavour, &extra);
-        perplexity_equals_builds_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", 2048, 256, flavour, &extra);
+        perplexity_equals_builds_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", (512, 4), 512, flavour, &extra);
+        perplexity_equals_builds_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", (512, 32), 512, flavour, &extra);
+        perplexity_equals_builds_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", (2048, 4), 256, flavour, &extra);
     }
 }
 
@@ -144,7 +152,7 @@ fn each_flavours_perplexity_is_its_builds() {
 /// llama.cpp's, from its full-size SWA cache (whose keys are in position order, as here).
 #[test]
 fn perplexity_past_the_sliding_window_equals_llama_cpps() {
-    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", 2048, 256);
+    perplexity_equals_llama_cpps_at_its_ubatch(&gemma(), "gemma-3-270m-q4_k_m.gguf", (2048, 4), 256);
 }
 
 #[test]

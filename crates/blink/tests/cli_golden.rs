@@ -114,14 +114,14 @@ fn perplexity_is_within_one_percent_of_llama_cpp() {
 
 #[test]
 fn perplexity_equals_llama_cpps_at_a_micro_batch_of_32() {
-    perplexity_equals_llama_cpps_at_its_ubatch(&model_path(), "SmolLM2-135M-Instruct.Q4_1.gguf", 512, 512);
+    perplexity_equals_llama_cpps_at_its_ubatch(&model_path(), "SmolLM2-135M-Instruct.Q4_1.gguf", (512, 32), 512);
 }
 
 /// Each flavour's perplexity is its own build's, chunk by chunk.
 #[test]
 fn each_flavours_perplexity_is_its_builds() {
     for (flavour, extra) in simd_flavour_runs() {
-        perplexity_equals_builds_at_its_ubatch(&model_path(), "SmolLM2-135M-Instruct.Q4_1.gguf", 512, 512, flavour, &extra);
+        perplexity_equals_builds_at_its_ubatch(&model_path(), "SmolLM2-135M-Instruct.Q4_1.gguf", (512, 32), 512, flavour, &extra);
     }
 }
 

@@ -278,7 +278,7 @@ impl RingHead {
             parts.extend(mix.adapters().iter().map(|(a, scale)| MixPart { adapter: a.id(), scale: *scale }));
         }
         frame.rows.clear();
-        frame.rows.extend(rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind, adapter: r.adapter.map(|s| s.0), logits: r.logits, grouped: r.grouped }));
+        frame.rows.extend(rows.iter().map(|r| WireRow { seq: r.seq as u32, pos: r.pos as u32, kind: r.kind, adapter: r.adapter.map(|s| s.0), logits: r.logits, grouped: r.grouped, tiled: r.tiled }));
         self.windows.hidden_into(rows.len(), &mut frame.hidden);
         let mut step = self.spare.pop().unwrap_or(InFlight { rows: Vec::new(), adapters: Vec::new() });
         step.rows.clear();

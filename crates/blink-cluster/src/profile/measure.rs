@@ -80,7 +80,7 @@ fn product_rates(model: &Model, pool: &NodePool) -> BTreeMap<String, f64> {
                 let mut base = 0;
                 for (m, a) in mats.iter().zip(&acts) {
                     let rows = w.share(m.rows, ROW_ALIGN);
-                    let act = ActRows { ty: m.ty.activation_type(), bytes: a, stride: a.len(), count: 1, grouped: &[] };
+                    let act = ActRows { ty: m.ty.activation_type(), bytes: a, stride: a.len(), count: 1, forms: &[] };
                     // SAFETY: each thread writes its own rows of this matrix's slice of `out`.
                     unsafe {
                         product(isa, order, &m.mat_ref(), &act, std::iter::once(rows), Out { ptr: shared.as_mut_ptr().add(base), ld: m.rows, accumulate: false });

@@ -86,6 +86,8 @@ pub struct WireRow {
     /// products of the last layers follow both (`blink_model::StepRow`).
     pub logits: bool,
     pub grouped: bool,
+    /// The row is tiled (`StepRow::tiled`).
+    pub tiled: bool,
 }
 
 /// One adapter in a step's mix: the head's number for it and its user scale.
@@ -302,7 +304,7 @@ impl Message {
                     w.u32(r.pos);
                     w.u8(kind_byte(r.kind));
                     w.u16(r.adapter.unwrap_or(u16::MAX));
-                    w.u8(u8::from(r.logits) | u8::from(r.grouped) << 1);
+                    w.u8(u8::from(r.logits) | u8::from(r.grouped) << 1 | u8::from(r.tiled) << 2);
                 }
                 w.f32s(&s.hidden);
             }
@@ -454,7 +456,7 @@ impl StepFrame {
             if flags > 3 {
                 return Err(WireError::Invalid(format!("row flags {flags:#04x}")));
             }
-            self.rows.push(WireRow { seq, pos, kind, adapter, logits: flags & 1 != 0, grouped: flags & 2 != 0 });
+            self.rows.push(WireRow { seq, pos, kind, adapter, logits: flags & 1 != 0, grouped: flags & 2 != 0, tiled: flags & 4 != 0 });
         }
         r.f32s_into(&mut self.hidden, "hidden states")?;
         if !self.rows.is_empty() && !self.hidden.len().is_multiple_of(self.rows.len()) {

@@ -37,9 +37,9 @@ fn samples() -> Vec<Message> {
             ],
             mixes: vec![vec![MixPart { adapter: 7, scale: 1.0 }], vec![MixPart { adapter: 7, scale: 0.5 }, MixPart { adapter: u64::MAX, scale: -2.0 }]],
             rows: vec![
-                WireRow { seq: 3, pos: 17, kind: RowKind::Decode, adapter: Some(1), logits: true, grouped: false },
-                WireRow { seq: 5, pos: 0, kind: RowKind::Prompt, adapter: None, logits: false, grouped: true },
-                WireRow { seq: 6, pos: 2, kind: RowKind::Prompt, adapter: Some(0), logits: true, grouped: true },
+                WireRow { seq: 3, pos: 17, kind: RowKind::Decode, adapter: Some(1), logits: true, grouped: false, tiled: true },
+                WireRow { seq: 5, pos: 0, kind: RowKind::Prompt, adapter: None, logits: false, grouped: true, tiled: false },
+                WireRow { seq: 6, pos: 2, kind: RowKind::Prompt, adapter: Some(0), logits: true, grouped: true, tiled: true },
             ],
             hidden: vec![1.5, -0.0, f32::MIN_POSITIVE, 3.25, 1e30, -7.0, 0.0, 1.0, 2.0],
         }),
@@ -94,7 +94,7 @@ fn a_reused_frame_carries_nothing_of_the_step_before() {
     // mix of the step before it has room for) and one row.
     let mut steps: Vec<Message> = samples().into_iter().filter(|m| matches!(m, Message::Step(_))).collect();
     let parts = (1..4).map(|a| MixPart { adapter: a, scale: a as f32 }).collect();
-    let row = WireRow { seq: 1, pos: 2, kind: RowKind::Training, adapter: Some(0), logits: false, grouped: false };
+    let row = WireRow { seq: 1, pos: 2, kind: RowKind::Training, adapter: Some(0), logits: false, grouped: false, tiled: false };
     steps.insert(1, Message::Step(StepFrame { id: 5, first_layer: 2, ops: vec![CacheOp::Release { seq: 1 }], mixes: vec![parts], rows: vec![row], hidden: vec![0.5; 4] }));
     let pool = FramePool::new();
     let mut buf = Vec::new();
@@ -177,7 +177,7 @@ fn a_count_larger_than_the_frame_allocates_nothing() {
 fn adapters_on_the_wire_must_agree_with_themselves() {
     let mut buf = Vec::new();
     // A row naming a mix the step does not carry.
-    let step = StepFrame { rows: vec![WireRow { seq: 0, pos: 0, kind: RowKind::Decode, adapter: Some(0), logits: false, grouped: false }], hidden: vec![0.0], ..StepFrame::default() };
+    let step = StepFrame { rows: vec![WireRow { seq: 0, pos: 0, kind: RowKind::Decode, adapter: Some(0), logits: false, grouped: false, tiled: false }], hidden: vec![0.0], ..StepFrame::default() };
     encode(&Message::Step(step), &mut buf);
     assert!(matches!(roundtrip(&buf, MAX_PAYLOAD), Err(WireError::Invalid(e)) if e.contains("adapter mix 0")));
     // A pair whose values do not fill its shape.

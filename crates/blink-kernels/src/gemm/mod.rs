@@ -23,6 +23,7 @@ mod neon_fam32;
 mod neon_rowmajor;
 pub mod pack;
 pub mod tiling;
+mod tiled_rows;
 #[cfg(target_arch = "x86_64")]
 mod x86_fam32;
 #[cfg(target_arch = "x86_64")]
@@ -77,6 +78,17 @@ impl MatRef<'_> {
     }
 }
 
+/// How llama.cpp would multiply one activation row, which decides its float steps in the
+/// llama order (other orders ignore it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RowForm {
+    /// In a group of four rows (only `Q4_K` weights tell: [`quant::vec_dot_grouped`]).
+    pub grouped: bool,
+    /// In a product of eight rows or more, which takes llama.cpp's tiled kernels for the
+    /// types of [`quant::takes_tiled`] ([`quant::vec_dot_tiled`]).
+    pub tiled: bool,
+}
+
 /// Activation rows a product reads: `count` rows of format `ty`, the first at the start of
 /// `bytes` and each `stride` bytes after the last (a stride may exceed a row's bytes).
 #[derive(Clone, Copy)]
@@ -85,16 +97,35 @@ pub struct ActRows<'a> {
     pub bytes: &'a [u8],
     pub stride: usize,
     pub count: usize,
-    /// Per row, whether llama.cpp would multiply it in a group of four rows (only `Q4_K`
-    /// weights tell the two apart: [`quant::vec_dot_grouped`]); empty: none is.
-    pub grouped: &'a [bool],
+    /// Per row, how llama.cpp would multiply it; empty (or short): alone.
+    pub forms: &'a [RowForm],
 }
 
-impl ActRows<'_> {
-    /// Whether row `r` is computed as in a group of four.
+impl<'a> ActRows<'a> {
+    /// How row `r` is multiplied.
     #[inline]
-    pub fn is_grouped(&self, r: usize) -> bool {
-        self.grouped.get(r).copied().unwrap_or(false)
+    pub fn form(&self, r: usize) -> RowForm {
+        self.forms.get(r).copied().unwrap_or_default()
+    }
+
+    /// Rows `range` of these.
+    fn slice(&self, range: Range<usize>) -> ActRows<'a> {
+        let forms = &self.forms[range.start.min(self.forms.len())..range.end.min(self.forms.len())];
+        ActRows { bytes: &self.bytes[range.start * self.stride..], count: range.len(), forms, ..*self }
+    }
+
+    /// The runs of consecutive rows that are all tiled or all not, in order.
+    fn tiled_runs(&self) -> impl Iterator<Item = (Range<usize>, bool)> + '_ {
+        let mut start = 0;
+        std::iter::from_fn(move || {
+            (start < self.count).then(|| {
+                let tiled = self.form(start).tiled;
+                let end = (start + 1..self.count).find(|&r| self.form(r).tiled != tiled).unwrap_or(self.count);
+                let run = start..end;
+                start = end;
+                (run, tiled)
+            })
+        })
     }
 }
 
@@ -180,8 +211,25 @@ pub unsafe fn product(isa: Isa, order: DotOrder, w: &MatRef, act: &ActRows, rows
     if act.count == 0 {
         return;
     }
+    let rows = rows.into_iter().filter(|r| !r.is_empty());
+    if order == DotOrder::Llama && quant::takes_tiled(w.ty) && act.forms.iter().any(|f| f.tiled) {
+        // A tiled row's float steps are not a lone row's: each run of rows alike is a
+        // product of its own.
+        for r in rows {
+            for (run, tiled) in act.tiled_runs() {
+                product_rows(isa, order, w, &act.slice(run.clone()), tiled, std::iter::once(r.clone()), Out { ptr: out.ptr.add(run.start * out.ld), ..out });
+            }
+        }
+        return;
+    }
+    product_rows(isa, order, w, act, false, rows, out);
+}
+
+/// [`product`] of activation rows that are all `tiled` or all not.
+unsafe fn product_rows(isa: Isa, order: DotOrder, w: &MatRef, act: &ActRows, tiled: bool, rows: impl Iterator<Item = Range<usize>>, out: Out) {
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-    let mut rows = rows.into_iter().filter(|r| !r.is_empty());
+    let mut rows = rows;
+    let flavour = crate::flavour::active();
     #[cfg(target_arch = "x86_64")]
     {
         let (ty, layout, cols, bytes, a, stride, count) = (w.ty, w.layout, w.cols, w.bytes, act.bytes, act.stride, act.count);
@@ -192,12 +240,13 @@ pub unsafe fn product(isa: Isa, order: DotOrder, w: &MatRef, act: &ActRows, rows
             _ => false,
         };
         // SAFETY: as for the row-major kernels below.
+        let tiled = tiled.then_some(flavour);
         let done = done
             || layout == Layout::Packed
                 && match isa {
-                    Isa::Avx512Vnni => x86_kpacked::gemm_vnni(ty, cols, bytes, &mut rows, a, stride, count, act.grouped, out),
-                    Isa::Avx2 => x86_kpacked::gemm_avx2(ty, cols, bytes, &mut rows, a, stride, count, act.grouped, out),
-                    Isa::AvxVnni => x86_kpacked::gemm_avx_vnni(ty, cols, bytes, &mut rows, a, stride, count, act.grouped, out),
+                    Isa::Avx512Vnni => x86_kpacked::gemm_vnni(ty, cols, bytes, &mut rows, a, stride, count, act.forms, tiled, out),
+                    Isa::Avx2 => x86_kpacked::gemm_avx2(ty, cols, bytes, &mut rows, a, stride, count, act.forms, tiled, out),
+                    Isa::AvxVnni => x86_kpacked::gemm_avx_vnni(ty, cols, bytes, &mut rows, a, stride, count, act.forms, tiled, out),
                     _ => false,
                 };
         if done {
@@ -205,7 +254,11 @@ pub unsafe fn product(isa: Isa, order: DotOrder, w: &MatRef, act: &ActRows, rows
         }
     }
     for r in rows {
-        product_range(isa, order, w, act, r, out);
+        if tiled {
+            tiled_rows::product(flavour, w, act, r, out);
+        } else {
+            product_range(isa, order, w, act, r, out);
+        }
     }
 }
 
@@ -229,15 +282,15 @@ unsafe fn product_range(isa: Isa, order: DotOrder, m: &MatRef, a: &ActRows, rows
         // which checks every feature these `#[target_feature]` functions enable.
         let done = match isa {
             Isa::Avx512Vnni => {
-                x86_kquant::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out)
+                x86_kquant::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, a.forms, out)
                     || x86_float::gemm_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
             }
             Isa::Avx2 => {
-                x86_kquant::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out)
+                x86_kquant::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, a.forms, out)
                     || x86_float::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
             }
             Isa::AvxVnni => {
-                x86_kquant::gemm_avx_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out)
+                x86_kquant::gemm_avx_vnni(ty, cols, w, rows.clone(), act, act_stride, n_act, a.forms, out)
                     || x86_float::gemm_avx2(ty, cols, w, rows.clone(), act, act_stride, n_act, out)
             }
             _ => false,
@@ -248,7 +301,7 @@ unsafe fn product_range(isa: Isa, order: DotOrder, m: &MatRef, a: &ActRows, rows
     }
     // SAFETY: as for the packed NEON kernel above.
     #[cfg(target_arch = "aarch64")]
-    if isa.is_arm() && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, a.grouped, out) {
+    if isa.is_arm() && neon_rowmajor::gemm_neon(ty, cols, w, rows.clone(), act, act_stride, n_act, a.forms, out) {
         return;
     }
     scalar(order, m, a, rows, out);
@@ -274,7 +327,7 @@ unsafe fn scalar(order: DotOrder, m: &MatRef, a: &ActRows, rows: Range<usize>, o
         let wrow = &w[i * rb..(i + 1) * rb];
         for r in 0..n_act {
             let arow = &act[r * act_stride..r * act_stride + ab];
-            let v = if a.is_grouped(r) { quant::vec_dot_grouped(order, ty, cols, wrow, arow) } else { quant::vec_dot_in(order, ty, cols, wrow, arow) };
+            let v = if a.form(r).grouped { quant::vec_dot_grouped(order, ty, cols, wrow, arow) } else { quant::vec_dot_in(order, ty, cols, wrow, arow) };
             store(out, r, i, v);
         }
     }

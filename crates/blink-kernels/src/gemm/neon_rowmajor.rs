@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use blink_gguf::GgmlType;
 
-use super::Out;
+use super::{Out, RowForm};
 
 /// `out[r][i] (+)= w_i · a_r` by tiles: `wide(weight rows, activation rows)` returns the
 /// `NR × NA` results `[i][j]`; activation rows left over when fewer than `NA` remain go
@@ -70,6 +70,6 @@ unsafe fn drive<const NR: usize, const NA: usize, const NR1: usize>(
 /// # Safety
 /// The CPU must have NEON and the dot-product extension; `out` as for [`super::gemm`].
 #[target_feature(enable = "neon,dotprod")]
-pub(super) unsafe fn gemm_neon(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) -> bool {
+pub(super) unsafe fn gemm_neon(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[RowForm], out: Out) -> bool {
     kquant::gemm(ty, cols, w, rows.clone(), act, act_stride, n_act, grouped, out) || float::gemm(ty, cols, w, rows, act, act_stride, n_act, out)
 }

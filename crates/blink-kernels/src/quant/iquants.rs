@@ -26,7 +26,7 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// The 32 table indices of a group stored as 16 bytes (low nibbles: elements 0..16).
 #[inline]
-fn indices(qs: &[u8]) -> [u8; 32] {
+pub(super) fn indices(qs: &[u8]) -> [u8; 32] {
     std::array::from_fn(|e| if e < 16 { qs[e] & 0x0f } else { qs[e - 16] >> 4 })
 }
 

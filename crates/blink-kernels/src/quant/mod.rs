@@ -28,6 +28,7 @@ mod legacy;
 mod mxfp4;
 mod numeric;
 mod ternary;
+mod tiled;
 pub mod reduce;
 pub mod rows;
 
@@ -44,6 +45,7 @@ pub use mxfp4::{e8m0_half, KVALUES_MXFP4};
 pub(crate) use lattice::Lattice;
 pub use kquants_bits::{q3_scales, scale_min_k4};
 pub use rows::{DotAcc, QuantBlock};
+pub use tiled::{takes_tiled, vec_dot_tiled, TiledBlock, TiledWeights};
 
 /// Why [`quantize_weights`] refused its input.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

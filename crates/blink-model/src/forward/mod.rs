@@ -13,6 +13,7 @@ mod pass;
 mod scratch;
 mod step;
 
+use blink_kernels::gemm::RowForm;
 use blink_runtime::numa::NodePool;
 use thiserror::Error;
 
@@ -24,7 +25,7 @@ use crate::Model;
 
 pub use crate::parallel::tensor::MAX_PARTS;
 pub use scratch::Scratch;
-pub use step::{AdapterSlot, RowKind, Step, StepInput, StepOutput, StepRow};
+pub use step::{AdapterSlot, RowKind, Step, StepInput, StepOutput, StepRow, LLAMA_UBATCH};
 
 /// Why a step could not run. Nothing has been computed when one is returned.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -236,24 +237,25 @@ impl Model {
         result
     }
 
-    /// Mark the rows whose products llama.cpp computes in groups of four (see
-    /// [`Scratch`]'s `grouped_rows`). Rows of the same sequence that want logits are
-    /// counted in step order.
+    /// Mark how llama.cpp computes each row's products (see [`Scratch`]'s `row_forms`).
+    /// Rows of the same sequence that want logits are counted in step order.
     fn group_rows(rows: &[StepRow], scratch: &mut Scratch) {
-        scratch.grouped_rows.clear();
-        scratch.grouped_rows.extend(rows.iter().map(|r| r.grouped));
-        scratch.grouped_out.clear();
+        scratch.row_forms.clear();
+        scratch.row_forms.extend(rows.iter().map(|r| RowForm { grouped: r.grouped, tiled: r.tiled }));
+        scratch.out_forms.clear();
         for (i, r) in rows.iter().enumerate() {
-            let grouped = r.logits && {
+            let form = if r.logits {
                 let same = |o: &&StepRow| o.logits && o.seq == r.seq;
                 let (before, m) = (rows[..i].iter().filter(same).count(), rows.iter().filter(same).count());
-                before < m - m % 4
+                RowForm { grouped: before < m - m % 4, tiled: r.tiled && m >= 8 }
+            } else {
+                RowForm::default()
             };
-            scratch.grouped_out.push(grouped);
+            scratch.out_forms.push(form);
         }
-        scratch.grouped_logits.clear();
-        let out = &scratch.grouped_out;
-        scratch.grouped_logits.extend(scratch.logit_rows.iter().map(|&i| out[i]));
+        scratch.logit_forms.clear();
+        let out = &scratch.out_forms;
+        scratch.logit_forms.extend(scratch.logit_rows.iter().map(|&i| out[i]));
     }
 
     /// Check the rows' adapter slots and group the rows that run with an adapter by slot

@@ -1,6 +1,7 @@
 //! Working memory of the forward pass, allocated once for a maximum step size: one set of
 //! buffers per part, in that part's memory, plus the shared logits.
 
+use blink_kernels::gemm::RowForm;
 use blink_runtime::numa::NumaError;
 use blink_runtime::storage::Storage;
 
@@ -53,13 +54,14 @@ pub struct Scratch {
     pub(super) logits: Vec<f32>,
     /// Indices of the rows with logits, in order (filled per step).
     pub(super) logit_rows: Vec<usize>,
-    /// Which rows' products llama.cpp computes in groups of four (filled per step): every
-    /// row's as it asks (`StepRow::grouped`), the last layer's FFN's (which llama.cpp runs
-    /// on the rows that want logits only: a sequence's such rows by fours, the last
-    /// `m % 4` alone), and the LM head's (the same, by logit row).
-    pub(super) grouped_rows: Vec<bool>,
-    pub(super) grouped_out: Vec<bool>,
-    pub(super) grouped_logits: Vec<bool>,
+    /// How llama.cpp computes each row's products (filled per step): every row's as it
+    /// asks (`StepRow::grouped`, `StepRow::tiled`), the last layer's FFN's (which llama.cpp
+    /// runs on the rows that want logits only: a sequence's such rows by fours, the last
+    /// `m % 4` alone, and tiled where the row is and there are eight), and the LM head's
+    /// (the same, by logit row).
+    pub(super) row_forms: Vec<RowForm>,
+    pub(super) out_forms: Vec<RowForm>,
+    pub(super) logit_forms: Vec<RowForm>,
     /// Per-sequence expected next position while validating a step.
     pub(super) next_pos: Vec<usize>,
     /// The step's block tables, copied when it was checked.
@@ -142,9 +144,9 @@ impl Scratch {
             parts,
             logits,
             logit_rows: Vec::with_capacity(max_rows),
-            grouped_rows: Vec::with_capacity(max_rows),
-            grouped_out: Vec::with_capacity(max_rows),
-            grouped_logits: Vec::with_capacity(max_rows),
+            row_forms: Vec::with_capacity(max_rows),
+            out_forms: Vec::with_capacity(max_rows),
+            logit_forms: Vec::with_capacity(max_rows),
             next_pos: Vec::new(),
             // Room for every row to be its own sequence at the longest context.
             tables: TableSnapshot::with_capacity(max_rows * max_ctx.div_ceil(crate::kv_cache::BLOCK_TOKENS)),

@@ -47,22 +47,28 @@ pub struct StepRow {
     /// lie within the prompt, which it evaluates in one batch): set so that `Q4_K`
     /// matrices give its bits (see `blink_kernels::quant::vec_dot_grouped`).
     pub grouped: bool,
+    /// A prompt row that llama.cpp multiplies in a micro-batch of eight rows or more, with
+    /// its tiled kernels for some types (see `blink_kernels::quant::vec_dot_tiled`).
+    pub tiled: bool,
 }
+
+/// The micro-batch llama.cpp's tools evaluate a prompt in by default (`-ub 512`).
+pub const LLAMA_UBATCH: usize = 512;
 
 impl StepRow {
     /// A prompt token, without logits.
     pub fn prompt(token: u32, pos: usize, seq: SeqId) -> StepRow {
-        StepRow { token: Some(token), pos, seq, logits: false, adapter: None, kind: RowKind::Prompt, grouped: false }
+        StepRow { token: Some(token), pos, seq, logits: false, adapter: None, kind: RowKind::Prompt, grouped: false, tiled: false }
     }
 
     /// A generated token fed back, with logits.
     pub fn decode(token: u32, pos: usize, seq: SeqId) -> StepRow {
-        StepRow { token: Some(token), pos, seq, logits: true, adapter: None, kind: RowKind::Decode, grouped: false }
+        StepRow { token: Some(token), pos, seq, logits: true, adapter: None, kind: RowKind::Decode, grouped: false, tiled: false }
     }
 
     /// A row whose input is a hidden state (a window after the first), of `kind`.
     pub fn hidden(pos: usize, seq: SeqId, kind: RowKind) -> StepRow {
-        StepRow { token: None, pos, seq, logits: false, adapter: None, kind, grouped: false }
+        StepRow { token: None, pos, seq, logits: false, adapter: None, kind, grouped: false, tiled: false }
     }
 
     pub fn with_logits(self, logits: bool) -> StepRow {
@@ -81,10 +87,25 @@ impl StepRow {
         StepRow { grouped, ..self }
     }
 
-    /// A prompt row at `pos` of a prompt of `len` tokens, marked grouped as llama.cpp
-    /// evaluates such a prompt: in fours, the last `len % 4` rows alone.
+    /// Whether this row is tiled (see [`StepRow::tiled`]).
+    pub fn with_tiled(self, tiled: bool) -> StepRow {
+        StepRow { tiled, ..self }
+    }
+
+    /// A prompt row at `pos` of a prompt of `len` tokens, marked as llama.cpp's tools
+    /// evaluate such a prompt ([`StepRow::in_batches_of`] of [`LLAMA_UBATCH`]).
     pub fn in_prompt_of(self, len: usize) -> StepRow {
-        StepRow { grouped: self.pos < len - len % 4, ..self }
+        self.in_batches_of(len, LLAMA_UBATCH)
+    }
+
+    /// A prompt row at `pos` of a prompt of `len` tokens that llama.cpp evaluates in
+    /// micro-batches of `ubatch` rows: in each, by fours, the last `n % 4` of its `n` rows
+    /// alone, and tiled if `n` is eight or more.
+    pub fn in_batches_of(self, len: usize, ubatch: usize) -> StepRow {
+        let ubatch = ubatch.max(1);
+        let start = self.pos.min(len) / ubatch * ubatch;
+        let n = len.saturating_sub(start).min(ubatch);
+        StepRow { grouped: self.pos - start < n - n % 4, tiled: n >= 8, ..self }
     }
 }
 

@@ -18,6 +18,11 @@ pub struct Args {
     /// Evaluate at most this many chunks (at least 1).
     #[arg(long = "chunks", value_parser = clap::value_parser!(u64).range(1..))]
     chunks: Option<u64>,
+    /// The micro-batch size whose numerics the rows follow, as llama-perplexity's `-ub`,
+    /// (llama.cpp computes some products differently in micro-batches of fewer than
+    /// eight rows, and by fours); it does not change how many rows a step takes (`-b`).
+    #[arg(long = "ubatch-size", default_value_t = blink_model::LLAMA_UBATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    ubatch: usize,
     #[command(flatten)]
     lora: LoraArgs,
     #[command(flatten)]
@@ -37,6 +42,7 @@ pub fn main(args: Args) -> CliResult {
     let cfg = PerplexityConfig {
         ctx,
         n_batch: args.compute.batch_size.min(ctx),
+        ubatch: args.ubatch,
         n_threads: args.compute.threads()?,
         kv_type: args.compute.cache_type,
         swa_full: args.compute.swa_full,

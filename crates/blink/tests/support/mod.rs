@@ -170,25 +170,26 @@ pub mod synthetic;
 
 /// `blink perplexity` on the golden text gives llama.cpp's chunk by chunk, to the four
 /// decimals both print, at the micro-batch size where llama.cpp computes what Blink does
-/// (testdata/golden/perplexity-ubatch.json), with a context of `ctx` tokens evaluated in
-/// steps of `batch`: on the default path, against the build it reproduces on this CPU.
-pub fn perplexity_equals_llama_cpps_at_its_ubatch(model: &std::path::Path, name: &str, ctx: usize, batch: usize) {
-    perplexity_equals_builds_at_its_ubatch(model, name, ctx, batch, default_flavour(), &[]);
+/// (testdata/golden/perplexity-ubatch.json: the case of `ctx` and `ubatch`, which Blink's
+/// `-ub` follows), with a context of `ctx` tokens evaluated in steps of `batch`: on the
+/// default path, against the build it reproduces on this CPU.
+pub fn perplexity_equals_llama_cpps_at_its_ubatch(model: &std::path::Path, name: &str, (ctx, ubatch): (usize, usize), batch: usize) {
+    perplexity_equals_builds_at_its_ubatch(model, name, (ctx, ubatch), batch, default_flavour(), &[]);
 }
 
 /// The same with `extra` arguments, against `flavour`'s build (a case's `avx2` figures are
 /// the AVX2 build's).
-pub fn perplexity_equals_builds_at_its_ubatch(model: &std::path::Path, name: &str, ctx: usize, batch: usize, flavour: Flavour, extra: &[&str]) {
+pub fn perplexity_equals_builds_at_its_ubatch(model: &std::path::Path, name: &str, (ctx, ubatch): (usize, usize), batch: usize, flavour: Flavour, extra: &[&str]) {
     let path = repo_root().join("testdata/golden/perplexity-ubatch.json");
     let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let case = golden["cases"].as_array().unwrap().iter().find(|c| c["model"] == name && c["ctx"] == ctx).unwrap_or_else(|| panic!("no case for {name} at {ctx}"));
+    let case = golden["cases"].as_array().unwrap().iter().find(|c| c["model"] == name && c["ctx"] == ctx && c["ubatch"] == ubatch).unwrap_or_else(|| panic!("no case for {name} at {ctx}, -ub {ubatch}"));
     let figures = match flavour {
         Flavour::Avx512 => case,
         Flavour::Avx2 => &case["avx2"],
     };
     let text = repo_root().join("testdata/golden/gpl-3-excerpt.txt");
-    let (ctx, batch) = (ctx.to_string(), batch.to_string());
-    let mut args = vec!["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", &ctx, "-b", &batch, "-t", THREADS];
+    let (ctx, ubatch, batch) = (ctx.to_string(), ubatch.to_string(), batch.to_string());
+    let mut args = vec!["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", &ctx, "-ub", &ubatch, "-b", &batch, "-t", THREADS];
     args.extend(extra);
     let out = blink(&args);
     ok(&out);

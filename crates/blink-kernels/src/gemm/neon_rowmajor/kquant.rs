@@ -15,6 +15,7 @@ use std::ops::Range;
 use blink_gguf::GgmlType;
 
 use super::{drive, Out};
+use crate::gemm::RowForm;
 use crate::neon::{sdot, splat_f16};
 use crate::quant::{q3_scales, scale_min_k4, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS};
 
@@ -547,20 +548,20 @@ unsafe fn kquant_tile<K: KQuant, const NR: usize, const NA: usize>(nb: usize, w:
 }
 
 #[inline(always)]
-unsafe fn kquant_gemm<K: KQuant>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) {
+unsafe fn kquant_gemm<K: KQuant>(cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[RowForm], out: Out) {
     assert!(cols.is_multiple_of(256), "k-quant rows are whole super-blocks");
     let nb = cols / 256;
     let rb = nb * K::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");
     assert!(act.len() >= (n_act - 1) * act_stride + nb * ACT_BYTES, "activations too short");
     // An activation row's flag, found from its address.
-    let flag = |p: *const u8| grouped.get((p as usize - act.as_ptr() as usize) / act_stride.max(1)).copied().unwrap_or(false);
+    let flag = |p: *const u8| grouped.get((p as usize - act.as_ptr() as usize) / act_stride.max(1)).is_some_and(|f| f.grouped);
     drive::<1, 4, 1>(rb, w, rows, act, act_stride, n_act, out, |w, a| kquant_tile::<K, 1, 4>(nb, w, a, a.map(flag)), |w, a| kquant_tile::<K, 1, 1>(nb, w, a, a.map(flag)));
 }
 
 /// Run the kernel for `ty`; false if `ty` is not a k-quant.
 #[inline(always)]
-pub(super) unsafe fn gemm(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) -> bool {
+pub(super) unsafe fn gemm(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[RowForm], out: Out) -> bool {
     match ty {
         GgmlType::Q2_K => kquant_gemm::<Q2K>(cols, w, rows, act, act_stride, n_act, grouped, out),
         GgmlType::Q3_K => kquant_gemm::<Q3K>(cols, w, rows, act, act_stride, n_act, grouped, out),

@@ -30,6 +30,9 @@ pub(super) trait Lanes {
     const SCALES: usize;
     /// Quants are unpacked as `q + 32`, taken back lane by lane (see [`lane_start`]).
     const OFFSET: bool;
+    /// Signed quants multiplied exactly, not with the sign trick (llama.cpp's AVX-512
+    /// tiled products; only with `vpdpbusd`).
+    const EXACT: bool = false;
 
     /// The block's scales as `madd` operands (scale `s` of row `r` in lane `r`).
     unsafe fn scales(w: *const u8) -> [__m256i; 16];
@@ -57,6 +60,37 @@ unsafe fn lane_start<L: Lanes>(offset_scales: __m256i, a: *const u8, k: usize) -
 
 pub(super) struct Q6K;
 pub(super) struct IQ4XS;
+/// `L` with its signed quants multiplied exactly ([`Lanes::EXACT`]).
+pub(super) struct Exact<L>(PhantomData<L>);
+
+impl<L: Lanes> Lanes for Exact<L> {
+    const GROUP_BLOCK: usize = L::GROUP_BLOCK;
+    const D: usize = L::D;
+    const SIGNED: bool = L::SIGNED;
+    const SCALES: usize = L::SCALES;
+    const OFFSET: bool = L::OFFSET;
+    const EXACT: bool = true;
+
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> [__m256i; 16] {
+        L::scales(w)
+    }
+
+    #[inline(always)]
+    fn scale_of(p: usize, k: usize) -> usize {
+        L::scale_of(p, k)
+    }
+
+    #[inline(always)]
+    unsafe fn quants(w: *const u8, p: usize, k: usize) -> __m256i {
+        L::quants(w, p, k)
+    }
+
+    #[inline(always)]
+    unsafe fn offset_scales(w: *const u8, k: usize) -> __m256i {
+        L::offset_scales(w, k)
+    }
+}
 
 impl Lanes for Q6K {
     const GROUP_BLOCK: usize = 8 * 210;
@@ -174,6 +208,7 @@ impl<L: Lanes> Lanes for Bytes<L> {
     const SIGNED: bool = L::SIGNED;
     const SCALES: usize = L::SCALES;
     const OFFSET: bool = L::OFFSET;
+    const EXACT: bool = L::EXACT;
 
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> [__m256i; 16] {
@@ -230,8 +265,8 @@ macro_rules! lanes_tile {
             const GROUP_BLOCK: usize = <$t as Lanes>::GROUP_BLOCK;
 
             #[inline(always)]
-            unsafe fn tile<M: Mac, const NA: usize>(nb: usize, w: *const u8, a: [*const u8; NA], _grouped: u8, ahead: Ahead) -> [__m256; NA] {
-                tile_lanes::<$t, M, NA>(nb, w, a, ahead)
+            unsafe fn tile<M: Mac, const NA: usize, const TILED: bool>(nb: usize, w: *const u8, a: [*const u8; NA], _grouped: u8, ahead: Ahead) -> [__m256; NA] {
+                tile_lanes::<$t, M, NA, TILED>(nb, w, a, ahead)
             }
         }
     };
@@ -241,12 +276,62 @@ lanes_tile!(Q6K);
 lanes_tile!(IQ4XS);
 lanes_tile!(Bytes<Q6K>);
 lanes_tile!(Bytes<IQ4XS>);
+lanes_tile!(Exact<IQ4XS>);
+lanes_tile!(Bytes<Exact<IQ4XS>>);
+
+/// A tiled block's exact sum `s1` per activation row, with `vpdpbusd`: per run of four
+/// bytes sharing a scale, the rows' sums in 32 bits, times the scale.
+#[inline(always)]
+unsafe fn tiled_sums<L: Lanes, M: Mac, const NA: usize>(w: *const u8, ab: [*const u8; NA], scales: &[__m256i; 16]) -> [__m256i; NA] {
+    let mut s = [_mm256_setzero_si256(); NA];
+    if L::OFFSET {
+        for k in 0..8 {
+            let offsets = L::offset_scales(w, k);
+            for j in 0..NA {
+                s[j] = _mm256_add_epi32(s[j], lane_start::<L>(offsets, ab[j], k));
+            }
+        }
+    }
+    // Lanes sharing a scale: Q6_K's four per 16 elements, IQ4_XS's eight per 32.
+    let per = 8 * L::SCALES.min(8) / L::SCALES;
+    let bias = _mm256_set1_epi8(-128);
+    for p in 0..8 {
+        for k0 in (0..8).step_by(per) {
+            let mut t = [_mm256_setzero_si256(); NA];
+            for k in k0..k0 + per {
+                let q = L::quants(w, p, k);
+                // Exact: q + 128 as unsigned bytes, the 128·Σa taken back below; else the
+                // sign trick, |q| against a·sign(q).
+                let u = if !L::SIGNED { q } else if L::EXACT { _mm256_xor_si256(q, bias) } else { _mm256_abs_epi8(q) };
+                for j in 0..NA {
+                    let x = splat(ab[j].add(ACT_QS + 32 * p + 4 * k));
+                    let x = if L::SIGNED && !L::EXACT { _mm256_sign_epi8(x, q) } else { x };
+                    t[j] = M::dot4(t[j], u, x);
+                }
+            }
+            if L::SIGNED && L::EXACT {
+                for j in 0..NA {
+                    let sums = ab[j].add(ACT_BSUMS + 4 * p) as *const i16;
+                    let group = sums.read_unaligned() as i32 + sums.add(1).read_unaligned() as i32;
+                    t[j] = _mm256_sub_epi32(t[j], _mm256_set1_epi32(128 * group));
+                }
+            }
+            let sc = _mm256_srai_epi32::<16>(scales[L::scale_of(p, k0)]);
+            for j in 0..NA {
+                s[j] = _mm256_add_epi32(s[j], _mm256_mullo_epi32(t[j], sc));
+            }
+        }
+    }
+    s
+}
 
 /// The tile: per block, lane `k` of every activation row over the block's eight 32-element
-/// pieces, then one FMA by `d·d_a` into float lane `k`.
+/// pieces, then one FMA by `d·d_a` into float lane `k`. With `TILED`, the lanes' sums are
+/// added up per block and take [`crate::quant::vec_dot_tiled`]'s steps in one float lane.
 #[inline(always)]
-unsafe fn tile_lanes<L: Lanes, M: Mac, const NA: usize>(nb: usize, w0: *const u8, a: [*const u8; NA], ahead: Ahead) -> [__m256; NA] {
+unsafe fn tile_lanes<L: Lanes, M: Mac, const NA: usize, const TILED: bool>(nb: usize, w0: *const u8, a: [*const u8; NA], ahead: Ahead) -> [__m256; NA] {
     let mut lanes = [[_mm256_setzero_ps(); NA]; 8];
+    let mut da = [_mm256_setzero_ps(); NA];
     for b in 0..nb {
         ahead.fetch(b);
         let w = w0.add(b * L::GROUP_BLOCK);
@@ -256,8 +341,18 @@ unsafe fn tile_lanes<L: Lanes, M: Mac, const NA: usize>(nb: usize, w0: *const u8
         // Scalar: d_a · d.
         let mut dd = [_mm256_setzero_ps(); NA];
         for j in 0..NA {
-            dd[j] = _mm256_mul_ps(_mm256_set1_ps((ab[j] as *const f32).read_unaligned()), d);
+            da[j] = _mm256_set1_ps((ab[j] as *const f32).read_unaligned());
+            dd[j] = _mm256_mul_ps(da[j], d);
         }
+        if TILED && M::DOT4 {
+            let s1 = tiled_sums::<L, M, NA>(w, ab, &scales);
+            for j in 0..NA {
+                // Scalar: fma(s1·d, d_a, acc).
+                lanes[0][j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s1[j]), d), da[j], lanes[0][j]);
+            }
+            continue;
+        }
+        let mut block = [_mm256_setzero_si256(); NA];
         for (k, lane) in lanes.iter_mut().enumerate() {
             let offsets = if L::OFFSET { L::offset_scales(w, k) } else { _mm256_setzero_si256() };
             let mut sum = [_mm256_setzero_si256(); NA];
@@ -275,10 +370,23 @@ unsafe fn tile_lanes<L: Lanes, M: Mac, const NA: usize>(nb: usize, w0: *const u8
                 }
             }
             for j in 0..NA {
-                // Scalar: fma(d_a·d, lane, acc).
-                lane[j] = _mm256_fmadd_ps(dd[j], _mm256_cvtepi32_ps(sum[j]), lane[j]);
+                if TILED {
+                    block[j] = _mm256_add_epi32(block[j], sum[j]);
+                } else {
+                    // Scalar: fma(d_a·d, lane, acc).
+                    lane[j] = _mm256_fmadd_ps(dd[j], _mm256_cvtepi32_ps(sum[j]), lane[j]);
+                }
             }
         }
+        if TILED {
+            for j in 0..NA {
+                // Scalar: fma(s1·d, d_a, acc).
+                lanes[0][j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(block[j]), d), da[j], lanes[0][j]);
+            }
+        }
+    }
+    if TILED {
+        return lanes[0];
     }
     // hsum8 per row: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). (Loops, not
     // closures, around intrinsics: a closure would not inherit the target features.)

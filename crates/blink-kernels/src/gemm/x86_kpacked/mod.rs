@@ -31,7 +31,8 @@ use blink_gguf::GgmlType;
 use super::pack::GROUP;
 use super::tiling;
 use super::x86_kquant::{Ahead, Avx2, AvxVnni, Mac, Vnni};
-use super::Out;
+use super::{Out, RowForm};
+use crate::flavour::Flavour;
 
 mod lanes;
 mod pairs;
@@ -51,9 +52,10 @@ trait SuperTile {
 
     /// One group of eight rows (`nb` group-blocks at `w`) against the `NA` activation rows
     /// at `a`: per activation row, the eight rows' outputs. Bit `j` of `grouped`: row `j`
-    /// is computed as in a group of four ([`crate::quant::vec_dot_grouped`]). The next
-    /// group's bytes are fetched meanwhile as `ahead` says.
-    unsafe fn tile<M: Mac, const NA: usize>(nb: usize, w: *const u8, a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [__m256; NA];
+    /// is computed as in a group of four ([`crate::quant::vec_dot_grouped`]); with `TILED`,
+    /// every row is tiled ([`crate::quant::vec_dot_tiled`]). The next group's bytes are
+    /// fetched meanwhile as `ahead` says.
+    unsafe fn tile<M: Mac, const NA: usize, const TILED: bool>(nb: usize, w: *const u8, a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [__m256; NA];
 }
 
 /// A form the int8 route converts each weight group into once per product, for batches:
@@ -144,13 +146,13 @@ unsafe fn store(o: *mut f32, v: __m256, live: usize, accumulate: bool) {
 /// `out[r][i] (+)= w_i · a_r` for `i` in each range of `rows` (each starting on a group),
 /// `r` in `0..n_act`: every group of a claimed range against every activation tile.
 #[inline(always)]
-unsafe fn gemm<K: SuperTile, C: SuperTile + Convert, M: Mac>(cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) {
+unsafe fn gemm<K: SuperTile, C: SuperTile + Convert, M: Mac, const TILED: bool>(cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, forms: &[RowForm], out: Out) {
     assert!(cols.is_multiple_of(256), "super-block rows are whole blocks");
     let nb = cols / 256;
     let group_bytes = nb * K::GROUP_BLOCK;
     assert!(act.len() >= (n_act - 1) * act_stride + nb * ACT_BYTES, "activations too short");
     // Bit j: activation row j0 + j is computed as in a group of four.
-    let mask = |j0: usize, n: usize| (0..n).filter(|&j| grouped.get(j0 + j).copied().unwrap_or(false)).fold(0u8, |m, j| m | 1 << j);
+    let mask = |j0: usize, n: usize| (0..n).filter(|&j| forms.get(j0 + j).is_some_and(|f| f.grouped)).fold(0u8, |m, j| m | 1 << j);
     let arow = |j: usize| act.as_ptr().add(j * act_stride);
     // Activation rows that overflow L2 go in panels of half of it; with several panels,
     // the weights go in blocks that stay in L3 between them (`tiling`).
@@ -185,7 +187,7 @@ unsafe fn gemm<K: SuperTile, C: SuperTile + Convert, M: Mac>(cols: usize, w: &[u
                 let mut j0 = p0;
                 while j0 < p1 {
                     let na = (p1 - j0).min(TILE_ROWS);
-                    let res = if route { tiles::<C, M>(nb, converted.as_ptr(), na, j0, &arow, mask(j0, na), ahead) } else { tiles::<K, M>(nb, gw, na, j0, &arow, mask(j0, na), ahead) };
+                    let res = if route { tiles::<C, M, TILED>(nb, converted.as_ptr(), na, j0, &arow, mask(j0, na), ahead) } else { tiles::<K, M, TILED>(nb, gw, na, j0, &arow, mask(j0, na), ahead) };
                     for (j, &v) in res.iter().take(na).enumerate() {
                         store(out.ptr.add((j0 + j) * out.ld + g), v, live, out.accumulate);
                     }
@@ -203,13 +205,13 @@ unsafe fn gemm<K: SuperTile, C: SuperTile + Convert, M: Mac>(cols: usize, w: &[u
 /// One tile of `na` (1 to [`TILE_ROWS`]) activation rows from `j0` against the group at
 /// `w`.
 #[inline(always)]
-unsafe fn tiles<K: SuperTile, M: Mac>(nb: usize, w: *const u8, na: usize, j0: usize, arow: &impl Fn(usize) -> *const u8, grouped: u8, ahead: Ahead) -> [__m256; TILE_ROWS] {
+unsafe fn tiles<K: SuperTile, M: Mac, const TILED: bool>(nb: usize, w: *const u8, na: usize, j0: usize, arow: &impl Fn(usize) -> *const u8, grouped: u8, ahead: Ahead) -> [__m256; TILE_ROWS] {
     let mut res = [_mm256_setzero_ps(); TILE_ROWS];
     match na {
-        1 => res[..1].copy_from_slice(&K::tile::<M, 1>(nb, w, [arow(j0)], grouped, ahead)),
-        2 => res[..2].copy_from_slice(&K::tile::<M, 2>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead)),
-        3 => res[..3].copy_from_slice(&K::tile::<M, 3>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead)),
-        _ => res = K::tile::<M, TILE_ROWS>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead),
+        1 => res[..1].copy_from_slice(&K::tile::<M, 1, TILED>(nb, w, [arow(j0)], grouped, ahead)),
+        2 => res[..2].copy_from_slice(&K::tile::<M, 2, TILED>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead)),
+        3 => res[..3].copy_from_slice(&K::tile::<M, 3, TILED>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead)),
+        _ => res = K::tile::<M, TILE_ROWS, TILED>(nb, w, from_fn(|j| arow(j0 + j)), grouped, ahead),
     }
     res
 }
@@ -222,14 +224,22 @@ thread_local! {
 
 macro_rules! dispatch {
     ($name:ident, $mac:ty, $features:literal) => {
-        /// Run the packed super-block kernel for `ty`; false if `ty` has none.
+        /// Run the packed super-block kernel for `ty`, every activation row tiled as
+        /// `tiled`'s build computes it if that is set; false if `ty` has no such kernel.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(ty: GgmlType, cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) -> bool {
-            match ty {
-                GgmlType::Q4_K => gemm::<pairs::Q4K, pairs::Q4K, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
-                GgmlType::Q5_K => gemm::<pairs::Q5K, pairs::Bytes<pairs::Q5K>, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
-                GgmlType::Q6_K => gemm::<lanes::Q6K, lanes::Bytes<lanes::Q6K>, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
-                GgmlType::IQ4_XS => gemm::<lanes::IQ4XS, lanes::Bytes<lanes::IQ4XS>, $mac>(cols, w, rows, act, act_stride, n_act, grouped, out),
+        pub(super) unsafe fn $name(ty: GgmlType, cols: usize, w: &[u8], rows: &mut dyn Iterator<Item = Range<usize>>, act: &[u8], act_stride: usize, n_act: usize, forms: &[RowForm], tiled: Option<Flavour>, out: Out) -> bool {
+            use GgmlType::*;
+            match (ty, tiled) {
+                (Q4_K, None) => gemm::<pairs::Q4K, pairs::Q4K, $mac, false>(cols, w, rows, act, act_stride, n_act, forms, out),
+                (Q5_K, None) => gemm::<pairs::Q5K, pairs::Bytes<pairs::Q5K>, $mac, false>(cols, w, rows, act, act_stride, n_act, forms, out),
+                (Q5_K, Some(_)) => gemm::<pairs::Q5K, pairs::Bytes<pairs::Q5K>, $mac, true>(cols, w, rows, act, act_stride, n_act, forms, out),
+                (Q6_K, None) => gemm::<lanes::Q6K, lanes::Bytes<lanes::Q6K>, $mac, false>(cols, w, rows, act, act_stride, n_act, forms, out),
+                (Q6_K, Some(_)) => gemm::<lanes::Q6K, lanes::Bytes<lanes::Q6K>, $mac, true>(cols, w, rows, act, act_stride, n_act, forms, out),
+                (IQ4_XS, None) => gemm::<lanes::IQ4XS, lanes::Bytes<lanes::IQ4XS>, $mac, false>(cols, w, rows, act, act_stride, n_act, forms, out),
+                // The sign trick's products are the AVX2 build's, the AVX-512 build's exact
+                // (with `vpdpbusd` only).
+                (IQ4_XS, Some(Flavour::Avx2)) => gemm::<lanes::IQ4XS, lanes::Bytes<lanes::IQ4XS>, $mac, true>(cols, w, rows, act, act_stride, n_act, forms, out),
+                (IQ4_XS, Some(Flavour::Avx512)) if <$mac as Mac>::DOT4 => gemm::<lanes::Exact<lanes::IQ4XS>, lanes::Bytes<lanes::Exact<lanes::IQ4XS>>, $mac, true>(cols, w, rows, act, act_stride, n_act, forms, out),
                 _ => return false,
             }
             true

@@ -224,8 +224,8 @@ macro_rules! pairs_tile {
             const GROUP_BLOCK: usize = <$t as Pairs>::GROUP_BLOCK;
 
             #[inline(always)]
-            unsafe fn tile<M: Mac, const NA: usize>(nb: usize, w: *const u8, a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [__m256; NA] {
-                tile_pairs::<$t, M, NA>(nb, w, a, grouped, ahead)
+            unsafe fn tile<M: Mac, const NA: usize, const TILED: bool>(nb: usize, w: *const u8, a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [__m256; NA] {
+                tile_pairs::<$t, M, NA, TILED>(nb, w, a, grouped, ahead)
             }
         }
     };
@@ -237,9 +237,10 @@ pairs_tile!(Bytes<Q5K>);
 
 /// The tile: per block and pair of groups, each group's lanes summed in 16 bits over
 /// `CHAIN` lanes at a time, then scaled per row by one `madd`; the mins' sums from the
-/// activation's group sums; the float steps per output in the scalar order.
+/// activation's group sums; the float steps per output in the scalar order (with `TILED`,
+/// [`crate::quant::vec_dot_tiled`]'s).
 #[inline(always)]
-unsafe fn tile_pairs<P: Pairs, M: Mac, const NA: usize>(nb: usize, w0: *const u8, a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [__m256; NA] {
+unsafe fn tile_pairs<P: Pairs, M: Mac, const NA: usize, const TILED: bool>(nb: usize, w0: *const u8, a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [__m256; NA] {
     let (mut acc, mut acc_min) = ([_mm256_setzero_ps(); NA], [_mm256_setzero_ps(); NA]);
     for b in 0..nb {
         ahead.fetch(b);
@@ -262,7 +263,25 @@ unsafe fn tile_pairs<P: Pairs, M: Mac, const NA: usize>(nb: usize, w0: *const u8
         for c in 0..4 {
             let (s_lo, s_hi, mins) = P::pair_scales(&scales, c);
             let mut pair = [_mm256_setzero_si256(); NA];
-            for h in 0..8 / P::CHAIN {
+            if M::DOT4 {
+                // Each group's exact sum in 32 bits (four quants a lane), times its scale.
+                let (mut lo32, mut hi32) = ([_mm256_setzero_si256(); NA], [_mm256_setzero_si256(); NA]);
+                for v in 0..8 {
+                    let (lo, hi) = P::quants(w, c, v);
+                    for j in 0..NA {
+                        let at = ab[j].add(ACT_QS + 64 * c + 4 * v);
+                        lo32[j] = M::dot4(lo32[j], lo, splat(at));
+                        hi32[j] = M::dot4(hi32[j], hi, splat(at.add(32)));
+                    }
+                }
+                // The scales as `madd` operands hold each row's scale in both halves of
+                // its lane.
+                let (sl, sh) = (_mm256_srli_epi32::<16>(s_lo), _mm256_srli_epi32::<16>(s_hi));
+                for j in 0..NA {
+                    pair[j] = _mm256_add_epi32(_mm256_mullo_epi32(lo32[j], sl), _mm256_mullo_epi32(hi32[j], sh));
+                }
+            }
+            for h in 0..if M::DOT4 { 0 } else { 8 / P::CHAIN } {
                 let (mut lo16, mut hi16) = ([_mm256_setzero_si256(); NA], [_mm256_setzero_si256(); NA]);
                 for v in h * P::CHAIN..(h + 1) * P::CHAIN {
                     let (lo, hi) = P::quants(w, c, v);
@@ -278,7 +297,7 @@ unsafe fn tile_pairs<P: Pairs, M: Mac, const NA: usize>(nb: usize, w0: *const u8
             }
             for j in 0..NA {
                 let m = _mm256_madd_epi16(mins, _mm256_set1_epi32(pair_sums[j][c]));
-                if P::CHAINED && grouped & (1 << j) != 0 {
+                if !TILED && P::CHAINED && grouped & (1 << j) != 0 {
                     // Scalar, grouped: fma(isum_c, d·d_a, acc), fma(summ_c, dmin·d_a, acc_min).
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair[j]), _mm256_mul_ps(d, da[j]), acc[j]);
                     acc_min[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, da[j]), acc_min[j]);
@@ -289,6 +308,12 @@ unsafe fn tile_pairs<P: Pairs, M: Mac, const NA: usize>(nb: usize, w0: *const u8
             }
         }
         for j in 0..NA {
+            if TILED {
+                // Scalar: fma(fma(−dmin, summ, isum·d), d_a, acc).
+                let r = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(summ[j]), _mm256_mul_ps(_mm256_cvtepi32_ps(isum[j]), d));
+                acc[j] = _mm256_fmadd_ps(r, da[j], acc[j]);
+                continue;
+            }
             let (dd, dm) = (_mm256_mul_ps(d, da[j]), _mm256_mul_ps(dmin, da[j]));
             if !P::CHAINED {
                 // Scalar: d·d_a·isum − dmin·d_a·summ, added to the row's sum.
@@ -301,7 +326,7 @@ unsafe fn tile_pairs<P: Pairs, M: Mac, const NA: usize>(nb: usize, w0: *const u8
             }
         }
     }
-    if P::CHAINED {
+    if P::CHAINED && !TILED {
         // (A loop, not a closure: a closure would not inherit the target features.)
         for j in 0..NA {
             acc[j] = _mm256_sub_ps(acc[j], acc_min[j]);

@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{gemm, load, KQuant, Mac, ACT_QS};
-use crate::gemm::Out;
+use crate::gemm::{Out, RowForm};
 use crate::quant::Lattice;
 
 /// A lattice format (see `quant::lattice`): each run decoded by the reference's
@@ -126,7 +126,7 @@ pub(super) unsafe fn gemm_lattice<B: Lattice, M: Mac, const NA: usize, const NR:
     act: &[u8],
     act_stride: usize,
     n_act: usize,
-    grouped: &[bool],
+    grouped: &[RowForm],
     out: Out,
 ) {
     if n_act < EXPAND_FROM {

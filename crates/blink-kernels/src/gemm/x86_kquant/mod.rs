@@ -37,16 +37,24 @@ use lattice::gemm_lattice;
 use ternary::{TQ1, TQ2};
 
 use super::tiling;
-use super::Out;
+use super::{Out, RowForm};
 
 /// A `Q8_K` block: `d` (f32), 256 quants, 16 `i16` sums of 16 quants each.
 const ACT_BYTES: usize = 292;
 const ACT_QS: usize = 4;
 const ACT_BSUMS: usize = 260;
 
-/// `acc + Σ p·s` over pairs of `i16` lanes, into `i32` lanes (exact for our magnitudes).
+/// `acc + Σ p·s` over pairs of `i16` lanes, into `i32` lanes (exact for our magnitudes);
+/// with VNNI also `acc + Σ u·s` over fours of unsigned by signed bytes.
 pub(super) trait Mac {
     unsafe fn mac(acc: __m256i, p: __m256i, s: __m256i) -> __m256i;
+    /// Whether [`Mac::dot4`] exists (`vpdpbusd`).
+    const DOT4: bool = false;
+    /// `acc + Σ u·s` over each `i32` lane's four bytes, `u` unsigned and `s` signed.
+    #[inline(always)]
+    unsafe fn dot4(_acc: __m256i, _u: __m256i, _s: __m256i) -> __m256i {
+        unreachable!("no vpdpbusd on this path")
+    }
 }
 
 /// `vpmaddwd` + `vpaddd`.
@@ -68,12 +76,26 @@ impl Mac for AvxVnni {
     unsafe fn mac(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
         _mm256_dpwssd_avx_epi32(acc, p, s)
     }
+
+    const DOT4: bool = true;
+
+    #[inline(always)]
+    unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    }
 }
 
 impl Mac for Vnni {
     #[inline(always)]
     unsafe fn mac(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
         _mm256_dpwssd_epi32(acc, p, s)
+    }
+
+    const DOT4: bool = true;
+
+    #[inline(always)]
+    unsafe fn dot4(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
     }
 }
 
@@ -575,12 +597,12 @@ unsafe fn gemm<K: KQuant, M: Mac, const NA: usize, const NR: usize>(
     act: &[u8],
     act_stride: usize,
     n_act: usize,
-    grouped: &[bool],
+    grouped: &[RowForm],
     out: Out,
 ) {
     assert!(cols.is_multiple_of(256), "k-quant rows are whole super-blocks");
     // Bit j: activation row j0 + j is computed as in a group of four.
-    let mask = |j0: usize, n: usize| (0..n).filter(|&j| grouped.get(j0 + j).copied().unwrap_or(false)).fold(0u8, |m, j| m | 1 << j);
+    let mask = |j0: usize, n: usize| (0..n).filter(|&j| grouped.get(j0 + j).is_some_and(|f| f.grouped)).fold(0u8, |m, j| m | 1 << j);
     let nb = cols / 256;
     let rb = nb * K::BYTES;
     assert!(w.len() >= rows.end * rb, "weights shorter than their rows");
@@ -637,7 +659,7 @@ macro_rules! dispatch {
     ($name:ident, $mac:ty, $features:literal, $na:literal, $nr:literal) => {
         /// Run the row-major k-quant kernel for `ty`; false if `ty` has none.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[bool], out: Out) -> bool {
+        pub(super) unsafe fn $name(ty: GgmlType, cols: usize, w: &[u8], rows: Range<usize>, act: &[u8], act_stride: usize, n_act: usize, grouped: &[RowForm], out: Out) -> bool {
             match ty {
                 GgmlType::Q2_K => gemm::<Q2K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),
                 GgmlType::Q3_K => gemm::<Q3K, $mac, $na, $nr>(cols, w, rows, act, act_stride, n_act, grouped, out),

@@ -27,7 +27,7 @@ impl<T: StoreOf> Pass<'_, T> {
         let q = (&lw.wq, &me.q, qc, Write::Set, Some((layer, LoraTarget::Q)));
         let k = (&lw.wk, &me.k, kc, Write::Set, Some((layer, LoraTarget::K)));
         let v = (&lw.wv, &me.v, kc, Write::Set, Some((layer, LoraTarget::V)));
-        self.project(w, me, input, (cfg.n_embd, n), self.grouped_rows, &[q, k, v]);
+        self.project(w, me, input, (cfg.n_embd, n), self.row_forms, &[q, k, v]);
         if cfg.qk_norm == Some(QkNorm::Whole) && self.n_parts > 1 {
             self.share_qk(w, me);
             w.global_barrier();
@@ -64,7 +64,7 @@ impl<T: StoreOf> Pass<'_, T> {
         let cfg = &self.model.cfg;
         let (x, mode) = if cfg.block_out_apart() { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
         let out = (&lw.wo, x, me.part.embd_rows.start, mode, Some((layer, LoraTarget::O)));
-        self.project(w, me, &me.attn, (cfg.q_dim(), self.rows.len()), self.grouped_rows, &[out]);
+        self.project(w, me, &me.attn, (cfg.q_dim(), self.rows.len()), self.row_forms, &[out]);
     }
 
     /// Biases, Q/K norms and rotary embedding of the part's heads; then its K and V go into

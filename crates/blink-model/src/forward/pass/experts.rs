@@ -252,7 +252,7 @@ impl<T: StoreOf> Pass<'_, T> {
             // SAFETY: activation rows were written before the last barrier; this thread
             // alone writes rows `rows` of the run's output rows.
             unsafe {
-                let act = ActRows { ty, bytes: me.act.slice((first + run.start) * stride..(first + run.end) * stride), stride, count: run.len(), grouped: &[] };
+                let act = ActRows { ty, bytes: me.act.slice((first + run.start) * stride..(first + run.end) * stride), stride, count: run.len(), forms: &[] };
                 let out = Out { ptr: base.ptr.add(run.start * base.ld), ..base };
                 gemm::product(self.isa, self.order, &m.mat_ref(), &act, std::iter::once(rows), out);
             }

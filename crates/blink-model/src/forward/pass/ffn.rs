@@ -26,7 +26,7 @@ impl<T: StoreOf> Pass<'_, T> {
         let fc = me.part.ff_rows.start;
         let gate = (&f.gate, &me.gate, fc, Write::Set, Some((layer, LoraTarget::Gate)));
         let up = (&f.up, &me.up, fc, Write::Set, Some((layer, LoraTarget::Up)));
-        self.project(w, me, input, (cfg.n_embd, n), self.grouped_ffn(layer), &[gate, up]);
+        self.project(w, me, input, (cfg.n_embd, n), self.ffn_forms(layer), &[gate, up]);
         self.gated_activation(w, me, 0..n, me.part.ff_rows.clone());
     }
 
@@ -55,6 +55,6 @@ impl<T: StoreOf> Pass<'_, T> {
         };
         let (out, mode) = if cfg.block_out_apart() { (&me.xn, Write::Set) } else { (&me.x, Write::Add) };
         let down = (&f.down, out, me.part.embd_rows.start, mode, Some((layer, LoraTarget::Down)));
-        self.project(w, me, &me.gate, (cfg.n_ff, self.rows.len()), self.grouped_ffn(layer), &[down]);
+        self.project(w, me, &me.gate, (cfg.n_ff, self.rows.len()), self.ffn_forms(layer), &[down]);
     }
 }

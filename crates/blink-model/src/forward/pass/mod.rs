@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use blink_kernels::cpu::{self, Isa};
 use blink_kernels::flavour::{self, Flavour};
+use blink_kernels::gemm::RowForm;
 use blink_runtime::numa::{NodePool, NodeWorker};
 use blink_kernels::ops;
 use blink_kernels::order::{self, DotOrder};
@@ -71,11 +72,11 @@ pub(super) struct Pass<'a, T: KvElem> {
     input: StepInput<'a>,
     output: StepOutput,
     logit_rows: &'a [usize],
-    /// Which rows llama.cpp computes in groups of four: every row's products, the last
-    /// layer's FFN's and the LM head's (see [`Scratch`]).
-    grouped_rows: &'a [bool],
-    grouped_out: &'a [bool],
-    grouped_logits: &'a [bool],
+    /// How llama.cpp computes the rows: every row's products, the last layer's FFN's and
+    /// the LM head's (see [`Scratch`]).
+    row_forms: &'a [RowForm],
+    out_forms: &'a [RowForm],
+    logit_forms: &'a [RowForm],
     views: [Option<PartView<'a, T>>; MAX_PARTS],
     n_parts: usize,
     logits: Buf<'a>,
@@ -140,9 +141,9 @@ impl<'a, T: StoreOf> Pass<'a, T> {
             input: step.input,
             output: step.output,
             logit_rows: &s.logit_rows,
-            grouped_rows: &s.grouped_rows,
-            grouped_out: &s.grouped_out,
-            grouped_logits: &s.grouped_logits,
+            row_forms: &s.row_forms,
+            out_forms: &s.out_forms,
+            logit_forms: &s.logit_forms,
             views,
             n_parts,
             logits: Buf::new(&mut s.logits, cfg.vocab_size),
@@ -164,13 +165,13 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         pool.run_beside(|w| self.run_on(w, self.view(w.node)), beside)
     }
 
-    /// The grouping of layer `layer`'s FFN products: llama.cpp runs the model's last
-    /// layer's FFN on the rows that want logits only.
-    fn grouped_ffn(&self, layer: usize) -> &'a [bool] {
+    /// The forms of layer `layer`'s FFN products: llama.cpp runs the model's last layer's
+    /// FFN on the rows that want logits only.
+    fn ffn_forms(&self, layer: usize) -> &'a [RowForm] {
         if layer + 1 == self.model.cfg.n_layers {
-            self.grouped_out
+            self.out_forms
         } else {
-            self.grouped_rows
+            self.row_forms
         }
     }
 
@@ -228,7 +229,7 @@ impl<'a, T: StoreOf> Pass<'a, T> {
         if self.output == StepOutput::Logits && n_logits > 0 {
             self.norm_rows(w, me, &me.w.output_norm, n_logits, |i| self.logit_rows[i]);
             let vr = me.part.vocab_rows.start;
-            self.project(w, me, &me.xn, (self.model.cfg.n_embd, n_logits), self.grouped_logits, &[(&me.w.output, &self.logits, vr, Write::Set, None)]);
+            self.project(w, me, &me.xn, (self.model.cfg.n_embd, n_logits), self.logit_forms, &[(&me.w.output, &self.logits, vr, Write::Set, None)]);
             if let Some(cap) = self.model.cfg.logit_softcap {
                 self.soft_cap(w, me, n_logits, cap);
             }

@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use blink_gguf::GgmlType;
-use blink_kernels::gemm::{self, ActRows};
+use blink_kernels::gemm::{self, ActRows, RowForm};
 use blink_kernels::ops;
 use blink_runtime::numa::NodeWorker;
 
@@ -32,9 +32,8 @@ impl<T: StoreOf> Pass<'_, T> {
     /// products and the products from what follows. The adapters' shrinks run beside the
     /// first quantization, and their expands after the base product of each chunk of
     /// columns, on the thread that computed it.
-    /// `grouped[r]`: row `r` is computed as llama.cpp computes a row in a group of four (see
-    /// [`Scratch`](crate::Scratch)).
-    pub(super) fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, (cols, count): (usize, usize), grouped: &[bool], outputs: &[Product]) {
+    /// `forms[r]`: how llama.cpp computes row `r` (see [`Scratch`](crate::Scratch)).
+    pub(super) fn project(&self, w: &NodeWorker, me: &PartView<T>, input: &Buf, (cols, count): (usize, usize), forms: &[RowForm], outputs: &[Product]) {
         let adapters = self.adapters_apply(outputs);
         debug_assert!(!adapters || count == self.rows.len(), "adapters apply to the step's own rows");
         let mut quantized: Option<GgmlType> = None;
@@ -60,7 +59,7 @@ impl<T: StoreOf> Pass<'_, T> {
             let min_chunk = (CHUNK_BYTES / (row_bytes * count).max(1)).max(if with_deltas { DELTA_CHUNK } else { 0 });
             let rows = w.claim(m.rows, gemm::ROW_ALIGN, min_chunk);
             // SAFETY: act is read-only in this phase (written before the last barrier).
-            let act = unsafe { ActRows { ty: act_ty, bytes: me.act.slice(0..count * self.act_stride), stride: self.act_stride, count, grouped } };
+            let act = unsafe { ActRows { ty: act_ty, bytes: me.act.slice(0..count * self.act_stride), stride: self.act_stride, count, forms } };
             let dst = out.out(col, mode);
             if with_deltas {
                 // Chunk by chunk, so each chunk's deltas follow its base product at once.

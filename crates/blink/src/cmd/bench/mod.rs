@@ -359,7 +359,8 @@ fn prompt_speed(at: &mut Depth, n: usize, adapters: &[Arc<LoraMix>]) -> CliResul
     let rows: Vec<StepRow> = random_tokens(at.runner.model(), n, 1)
         .into_iter()
         .enumerate()
-        .map(|(i, token)| StepRow::prompt(token, depth + i, seq).with_logits(i + 1 == n).with_adapter(lora::slot(0, adapters)))
+        // Computed as a prompt of `n` tokens is (`StepRow::in_prompt_of`), after the depth.
+        .map(|(i, token)| StepRow { pos: depth + i, ..StepRow::prompt(token, i, seq).in_prompt_of(n) }.with_logits(i + 1 == n).with_adapter(lora::slot(0, adapters)))
         .collect();
     let start = Instant::now();
     at.runner.run_with(&rows, adapters)?;
