@@ -113,7 +113,8 @@ fn expf_avx2(x: f32) -> f32 {
     let p = odd.mul_add(u, C1 * b);
     // `n << 23`: the exponent field of 2^n, less the bias.
     let e = z.to_bits() << 23;
-    if !(n.abs() > 126.0) {
+    // A NaN `n` takes this branch.
+    if n.abs() <= 126.0 || n.is_nan() {
         let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
         return p.mul_add(k, k);
     }

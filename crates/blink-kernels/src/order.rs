@@ -19,6 +19,11 @@
 //! does not repack a matrix whose row count is not a multiple of eight, and multiplies
 //! that one in the lanes order; Blink does not follow it there.)
 //!
+//! In the llama order a row also follows how llama.cpp would batch it
+//! ([`crate::gemm::RowForm`]): `Q4_K` rows in groups of four, and the tiled products of
+//! `Q5_K`, `Q6_K` and `IQ4_XS` for micro-batches of eight rows or more
+//! ([`crate::quant::vec_dot_tiled`]).
+//!
 //! `BLINK_DOT_ORDER=llama|block` (or [`force`], behind the CLI's `--dot-order`) picks one.
 
 use std::fmt;

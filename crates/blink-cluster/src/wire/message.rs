@@ -82,8 +82,9 @@ pub struct WireRow {
     pub kind: RowKind,
     /// Its adapter mix: an index into the step's `mixes` (`None`: the base model).
     pub adapter: Option<u16>,
-    /// Whether it wants logits, and whether llama.cpp computes it in a group of four: the
-    /// products of the last layers follow both (`blink_model::StepRow`).
+    /// Whether it wants logits, and whether llama.cpp computes it in a group of four (and
+    /// tiled, below): the products of the last layers follow all three
+    /// (`blink_model::StepRow`).
     pub logits: bool,
     pub grouped: bool,
     /// The row is tiled (`StepRow::tiled`).
@@ -453,7 +454,7 @@ impl StepFrame {
                 return Err(WireError::Invalid(format!("a row of adapter mix {} in a step of {}", adapter.unwrap_or(0), self.mixes.len())));
             }
             let flags = r.u8("rows")?;
-            if flags > 3 {
+            if flags > 7 {
                 return Err(WireError::Invalid(format!("row flags {flags:#04x}")));
             }
             self.rows.push(WireRow { seq, pos, kind, adapter, logits: flags & 1 != 0, grouped: flags & 2 != 0, tiled: flags & 4 != 0 });

@@ -25,7 +25,7 @@ use thiserror::Error;
 /// The first four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BLRG";
 /// The version of the format this build speaks; a peer of another is refused.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Bytes in a frame's header.
 pub const HEADER: usize = 12;
 /// The largest payload any frame may have (a step of 4,096 rows of a model 4,096 wide

@@ -16,6 +16,11 @@
 //! time on the fly: a window left in the file's map), and on x86 the k-quants `Q4_K`,
 //! `Q5_K`, `Q6_K` and `IQ4_XS` too (whose row-major kernels stay for mapped windows). The
 //! other types stay row-major; their SIMD kernels read that directly.
+//!
+//! Each activation row carries how llama.cpp would batch it ([`RowForm`]): the rows of a
+//! product that are tiled (`Q5_K`, `Q6_K`, `IQ4_XS` in llama.cpp's micro-batches of eight
+//! rows or more) run as products of their own, on the x86 packed tiles or, on other paths,
+//! through [`tiled_rows`].
 
 #[cfg(target_arch = "aarch64")]
 mod neon_fam32;
@@ -403,15 +408,7 @@ pub fn route(isa: Isa, order: DotOrder, ty: GgmlType) -> String {
         _ if Fields::of(ty).is_some() => {
             let layout = if isa.is_arm() { "repacked 8-row groups" } else { "8-row groups (repacked, or packed on the fly from a mapped window)" };
             #[cfg(target_arch = "x86_64")]
-            let int8 = x86_fam32::takes_int8_route(isa, order, ty);
-            #[cfg(not(target_arch = "x86_64"))]
-            let int8 = false;
-            #[cfg(target_arch = "x86_64")]
-            let int16 = x86_fam32::takes_int16_route(isa, ty);
-            #[cfg(not(target_arch = "x86_64"))]
-            let int16 = false;
-            #[cfg(target_arch = "x86_64")]
-            let batches = match (int8, int16) {
+            let batches = match (x86_fam32::takes_int8_route(isa, order, ty), x86_fam32::takes_int16_route(isa, ty)) {
                 (true, _) => format!("; batches of {}+ rows: each group converted to int8 once", x86_fam32::INT8_MIN_ROWS),
                 (_, true) => format!("; batches of {}+ rows: each group and row widened to 16 bits once (per panel), vpmaddwd", x86_fam32::WORDS_MIN_ROWS),
                 _ => String::new(),

@@ -239,6 +239,8 @@ pairs_tile!(Bytes<Q5K>);
 /// `CHAIN` lanes at a time, then scaled per row by one `madd`; the mins' sums from the
 /// activation's group sums; the float steps per output in the scalar order (with `TILED`,
 /// [`crate::quant::vec_dot_tiled`]'s).
+// `c` picks the weights' pair as well as the activations' sums.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn tile_pairs<P: Pairs, M: Mac, const NA: usize, const TILED: bool>(nb: usize, w0: *const u8, a: [*const u8; NA], grouped: u8, ahead: Ahead) -> [__m256; NA] {
     let (mut acc, mut acc_min) = ([_mm256_setzero_ps(); NA], [_mm256_setzero_ps(); NA]);
