@@ -2,11 +2,13 @@
 //! `IQ4_XS` by eight activation rows or more (its `ggml-cpu/tiled` path; fewer rows take
 //! the dot products of [`super::vec_dot_in`]).
 //!
-//! Per super-block the integer sums are exact: `s1 = Σ_g scale_g · Σ q·a` over the block's
-//! groups (`Q6_K`: `q − 32`; `IQ4_XS`: the table's value `v`) and, for `Q5_K`, `s2 = Σ_g min_g · Σ a`. The block then adds
-//! `(s1·d − dmin·s2) · d_a` to the output with two roundings: `r = s1·d` (a multiply),
-//! `r = fma(−dmin, s2, r)`, `out = fma(r, d_a, out)`. Both of its x86 builds compute that
-//! (its AVX-512 kernel writes the last step as a multiply and an add, which GCC fuses).
+//! Per super-block the integer sums are exact: `s1 = Σ_g scale_g · Σ q·a` over the
+//! block's groups (`Q6_K`: `q − 32`; `IQ4_XS`: the table's value `v`) and, for `Q5_K`,
+//! `s2 = Σ_g min_g · Σ a`. The block then adds `(s1·d − dmin·s2) · d_a` to the output with
+//! two roundings: `r = s1·d` (a multiply), `r = fma(−dmin, s2, r)`, `out = fma(r, d_a,
+//! out)`. Both of its x86 builds compute that (its AVX-512 kernel writes the last step as
+//! a multiply and an add, which GCC fuses). llama.cpp tiles `Q2_K`, `Q3_K` and the lattice
+//! formats too; Blink does not follow it there yet (their rows keep the dot products).
 //!
 //! The builds differ in one product: `IQ4_XS`'s AVX2 kernel multiplies with the sign trick,
 //! `|v| · sign(a, v)` in bytes, which wraps for an activation of −128 against a negative
